@@ -1,0 +1,13 @@
+//! The pure, deterministic core: no tokio, no I/O, no clock reads. Time is always an argument.
+//!
+//! - [`time`]: event time, durations, ticks, watermark.
+//! - [`wheel`]: the hashed timer wheel.
+//! - [`fences`]: fence model, validation, R-tree index and exact geometric tests.
+//! - [`event`]: events and their deterministic ids.
+//! - [`pairs`]: the device-fence pair record and its state machine.
+//! - [`engine`]: reorder buffer, fix application, watermark advance.
+
+pub mod event;
+pub mod fences;
+pub mod time;
+pub mod wheel;
