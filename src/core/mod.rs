@@ -1,13 +1,20 @@
 //! The pure, deterministic core: no tokio, no I/O, no clock reads. Time is always an argument.
 //!
+//! Dependencies point one way inside the core too: `time` <- `wheel`, `fences`, `fix`, `event`
+//! <- `pairs` <- `engine`.
+//!
 //! - [`time`]: event time, durations, ticks, watermark.
 //! - [`wheel`]: the hashed timer wheel.
 //! - [`fences`]: fence model, validation, R-tree index and exact geometric tests.
+//! - [`fix`]: location fixes and their validation.
 //! - [`event`]: events and their deterministic ids.
 //! - [`pairs`]: the device-fence pair record and its state machine.
 //! - [`engine`]: reorder buffer, fix application, watermark advance.
 
+pub mod engine;
 pub mod event;
 pub mod fences;
+pub mod fix;
+pub mod pairs;
 pub mod time;
 pub mod wheel;

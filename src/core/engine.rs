@@ -1,0 +1,629 @@
+//! The engine: reorder buffer, fix application and watermark advance for one shard.
+//!
+//! Owns the devices, the pair records, one fence index and one timer wheel. It is synchronous and
+//! deterministic: the watermark and every fix come in as arguments, nothing reads a clock.
+//!
+//! Invariants, with `W` the engine's watermark:
+//! - A device's fixes are applied in (ts, lat, lon) order, each only once `W >= ts`; a fix with
+//!   `ts < W` when it reaches the engine, or before its device's last applied fix, is late and
+//!   changes nothing; one with the `ts` of an applied or buffered fix is a duplicate.
+//! - Per device, fixes and the pairs' internal events (dwell deadlines, run expiries) are processed
+//!   in event-time order: before a fix at `ts` every internal event `< ts` of the device's pairs is
+//!   processed, and a watermark advance processes internal events `< W`. Devices are independent,
+//!   so the wheel only decides *when* a device is brought up to date, never *what* it emits: the
+//!   emitted events depend on the fixes alone, whatever their arrival order within the lateness,
+//!   the batch split, the tick length or the shard count.
+//! - Each pair has at most one live wheel entry (its next internal event, fired at the first tick
+//!   ending after it) and each device one (its earliest buffered fix). Rescheduling bumps the
+//!   record's generation; the old entry becomes a tombstone the wheel drops when it meets it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use thiserror::Error;
+
+use crate::core::event::Event;
+use crate::core::fences::{Fence, FenceIdx, FenceIndex};
+use crate::core::fix::Fix;
+use crate::core::pairs::{Alive, FixClass, Pair, PairOutput, PairView};
+use crate::core::time::{Dur, Tick, TickClock, Ts};
+use crate::core::wheel::{Fired, TimerKey, Wheel, WheelStats};
+
+/// Marks a wheel slot as a device's reorder-flush timer rather than a pair's timer.
+const DEVICE_BIT: u32 = 1 << 31;
+
+/// Engine tuning.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    /// Wheel tick length: bounds how long after `W` passes a deadline its event is emitted.
+    pub tick: Dur,
+    /// Most wheel entries fired by one [`Engine::advance`]; the rest carry to the next call.
+    pub max_fires_per_advance: usize,
+    /// Most fixes one device may hold in its reorder buffer.
+    pub max_buffered_per_device: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            tick: Dur::from_secs(1),
+            max_fires_per_advance: 100_000,
+            max_buffered_per_device: 1024,
+        }
+    }
+}
+
+/// How the engine took a fix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Ingested {
+    /// Buffered or applied.
+    Accepted,
+    /// Older than the watermark or than the device's last applied fix: counted, not applied.
+    Late,
+    /// Same `ts` as an applied or buffered fix of the device: counted, not applied.
+    Duplicate,
+}
+
+/// Why the engine refused a fix.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum IngestError {
+    /// The device already holds the maximum number of fixes waiting for the watermark.
+    #[error("device {device:?} has {max} fixes waiting for the watermark; slow down or lower lateness")]
+    BufferFull {
+        /// The device.
+        device: Arc<str>,
+        /// The limit.
+        max: usize,
+    },
+}
+
+/// Result of a watermark advance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Advanced {
+    /// Wheel entries fired.
+    pub fired: usize,
+    /// Whether due entries were left for the next call by the fire cap.
+    pub carried: bool,
+}
+
+/// Engine-wide counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EngineStats {
+    /// Devices known.
+    pub devices: u64,
+    /// Live pair records.
+    pub pairs: u64,
+    /// Fixes waiting in reorder buffers.
+    pub buffered: u64,
+    /// Wheel counters.
+    pub wheel: WheelStats,
+}
+
+/// A device's state, for APIs and tests.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceView {
+    /// Device id.
+    pub id: Arc<str>,
+    /// Latest applied fix time.
+    pub last_fix_at: Option<Ts>,
+    /// Latest applied position (lat, lon).
+    pub last_position: Option<(f64, f64)>,
+    /// Fixes waiting for the watermark.
+    pub buffered: usize,
+    /// Pair records, by fence id, sorted.
+    pub pairs: Vec<(Arc<str>, PairView)>,
+}
+
+/// A fix waiting in a reorder buffer (the device is implied).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Buffered {
+    ts: Ts,
+    lat: f64,
+    lon: f64,
+    accuracy: Option<f64>,
+}
+
+impl Buffered {
+    fn key_cmp(&self, ts: Ts, lat: f64, lon: f64) -> std::cmp::Ordering {
+        self.ts
+            .cmp(&ts)
+            .then(self.lat.total_cmp(&lat))
+            .then(self.lon.total_cmp(&lon))
+    }
+}
+
+#[derive(Debug)]
+struct Device {
+    id: Arc<str>,
+    last_applied: Option<Ts>,
+    last_position: Option<(f64, f64)>,
+    /// Sorted by (ts, lat, lon), distinct ts.
+    buffer: Vec<Buffered>,
+    /// Slots of this device's pair records.
+    pairs: Vec<u32>,
+    flush_gen: u32,
+    flush_due: Option<u64>,
+}
+
+/// One shard's engine.
+#[derive(Debug)]
+pub struct Engine {
+    cfg: EngineConfig,
+    clock: TickClock,
+    fences: FenceIndex,
+    devices: Vec<Device>,
+    device_ids: HashMap<Arc<str>, u32>,
+    pairs: Vec<Pair>,
+    /// Freed pair slots; their records keep their generation so old wheel entries stay dead.
+    free_pairs: Vec<u32>,
+    live_pairs: u64,
+    buffered: u64,
+    wheel: Wheel,
+    watermark: Option<Ts>,
+    fired: Vec<Fired>,
+    due_devices: Vec<u32>,
+    seq: u64,
+}
+
+impl Engine {
+    /// An empty engine.
+    pub fn new(cfg: EngineConfig) -> Engine {
+        Engine {
+            clock: TickClock::new(cfg.tick),
+            cfg,
+            fences: FenceIndex::new(),
+            devices: Vec::new(),
+            device_ids: HashMap::new(),
+            pairs: Vec::new(),
+            free_pairs: Vec::new(),
+            live_pairs: 0,
+            buffered: 0,
+            wheel: Wheel::new(Tick(0)),
+            watermark: None,
+            fired: Vec::new(),
+            due_devices: Vec::new(),
+            seq: 0,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// The fence index.
+    pub fn fences(&self) -> &FenceIndex {
+        &self.fences
+    }
+
+    /// The current watermark (`None` before the first).
+    pub fn watermark(&self) -> Option<Ts> {
+        self.watermark
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            devices: self.devices.len() as u64,
+            pairs: self.live_pairs,
+            buffered: self.buffered,
+            wheel: self.wheel.stats(),
+        }
+    }
+
+    /// The event time at which the next [`Engine::advance`] may have work: the driver may sleep
+    /// until the watermark reaches it. `None` when nothing is pending.
+    pub fn next_due(&self) -> Option<Ts> {
+        self.wheel.next_due().map(|t| self.clock.tick_end(t))
+    }
+
+    /// Inserts or replaces a fence. Geometry changes apply from each device's next fix; changed
+    /// dwell thresholds are re-mapped onto open visits (see [`Pair::remap_thresholds`]).
+    pub fn upsert_fence(&mut self, fence: Arc<Fence>, out: &mut Vec<Event>) -> FenceIdx {
+        let (idx, old) = self.fences.upsert(fence.clone());
+        if let Some(old) = old
+            && old.settings.dwell != fence.settings.dwell
+        {
+            for d in 0..self.devices.len() {
+                let mut touched = false;
+                let last = self.devices[d].last_applied;
+                let dev_id = self.devices[d].id.clone();
+                for &p in &self.devices[d].pairs {
+                    let pair = &mut self.pairs[p as usize];
+                    if pair.fence == idx {
+                        pair.remap_thresholds(&old.settings.dwell, &fence.settings, last, &mut |o| {
+                            out.push(to_event(o, &dev_id, &fence))
+                        });
+                        touched = true;
+                    }
+                }
+                if touched {
+                    self.process_device(d as u32, out);
+                }
+            }
+        }
+        idx
+    }
+
+    /// Removes a fence: its pairs are dropped and their timers cancelled, without events.
+    pub fn remove_fence(&mut self, id: &str) -> bool {
+        let Some((idx, _)) = self.fences.remove(id) else {
+            return false;
+        };
+        for d in 0..self.devices.len() {
+            let mut i = 0;
+            while i < self.devices[d].pairs.len() {
+                let p = self.devices[d].pairs[i];
+                if self.pairs[p as usize].fence == idx {
+                    self.free_pair(d as u32, i);
+                } else {
+                    i += 1;
+                }
+            }
+        }
+        true
+    }
+
+    /// Takes one fix that arrived when the watermark was `w`. The engine first advances to `w`
+    /// (events go to `out`), then classifies the fix, buffers it, and applies it at once if `ts <= W`.
+    pub fn ingest(&mut self, fix: &Fix, w: Ts, out: &mut Vec<Event>) -> Result<Ingested, IngestError> {
+        self.advance(w, out);
+        let w = self.watermark.unwrap_or(w);
+        if fix.ts < w {
+            return Ok(Ingested::Late);
+        }
+        let d = self.device_slot(&fix.device);
+        let dev = &mut self.devices[d as usize];
+        if let Some(last) = dev.last_applied {
+            if fix.ts < last {
+                return Ok(Ingested::Late);
+            }
+            if fix.ts == last {
+                return Ok(Ingested::Duplicate);
+            }
+        }
+        let pos = dev.buffer.partition_point(|b| b.ts < fix.ts);
+        let new = Buffered {
+            ts: fix.ts,
+            lat: fix.lat,
+            lon: fix.lon,
+            accuracy: fix.accuracy,
+        };
+        if let Some(existing) = dev.buffer.get_mut(pos)
+            && existing.ts == fix.ts
+        {
+            // Of fixes sharing a ts, the first in (lat, lon) order is kept, whatever arrived first.
+            if existing.key_cmp(fix.ts, fix.lat, fix.lon).is_gt() {
+                *existing = new;
+                return Ok(Ingested::Accepted);
+            }
+            return Ok(Ingested::Duplicate);
+        }
+        if dev.buffer.len() >= self.cfg.max_buffered_per_device {
+            return Err(IngestError::BufferFull {
+                device: dev.id.clone(),
+                max: self.cfg.max_buffered_per_device,
+            });
+        }
+        dev.buffer.insert(pos, new);
+        self.buffered += 1;
+        if fix.ts <= w {
+            self.process_device(d, out);
+        } else {
+            self.resched_device(d);
+        }
+        Ok(Ingested::Accepted)
+    }
+
+    /// Raises the watermark to `w` (a lower `w` is ignored, but still drains carried timers) and
+    /// processes everything now due. Events go to `out`.
+    pub fn advance(&mut self, w: Ts, out: &mut Vec<Event>) -> Advanced {
+        let w = self.watermark.map_or(w, |cur| cur.max(w));
+        self.watermark = Some(w);
+        let to = self.clock.completed_tick(w);
+        self.fired.clear();
+        let (pairs, devices) = (&self.pairs, &self.devices);
+        let fired = self.wheel.advance(
+            to,
+            self.cfg.max_fires_per_advance,
+            |k| {
+                if k.slot & DEVICE_BIT != 0 {
+                    let dev = &devices[(k.slot & !DEVICE_BIT) as usize];
+                    dev.flush_gen == k.generation && dev.flush_due.is_some()
+                } else {
+                    let p = &pairs[k.slot as usize];
+                    p.timer_gen == k.generation && p.timer_due.is_some()
+                }
+            },
+            &mut self.fired,
+        );
+        // First mark every fired entry consumed, so that rescheduling while processing never
+        // counts an entry that already left the wheel as a tombstone.
+        self.due_devices.clear();
+        for f in &self.fired {
+            let d = if f.key.slot & DEVICE_BIT != 0 {
+                let d = f.key.slot & !DEVICE_BIT;
+                self.devices[d as usize].flush_due = None;
+                d
+            } else {
+                let p = &mut self.pairs[f.key.slot as usize];
+                p.timer_due = None;
+                p.device
+            };
+            self.due_devices.push(d);
+        }
+        self.due_devices.sort_unstable();
+        self.due_devices.dedup();
+        let due = std::mem::take(&mut self.due_devices);
+        for &d in &due {
+            self.process_device(d, out);
+        }
+        self.due_devices = due;
+        Advanced {
+            fired,
+            carried: self.wheel.stats().carry > 0,
+        }
+    }
+
+    /// A device's state.
+    pub fn device(&self, id: &str) -> Option<DeviceView> {
+        let &d = self.device_ids.get(id)?;
+        let dev = &self.devices[d as usize];
+        let mut pairs: Vec<(Arc<str>, PairView)> = dev
+            .pairs
+            .iter()
+            .filter_map(|&p| {
+                let pair = &self.pairs[p as usize];
+                let fence = self.fences.get(pair.fence)?;
+                Some((fence.id.clone(), pair.view(&fence.settings)))
+            })
+            .collect();
+        pairs.sort_by(|a, b| a.0.cmp(&b.0));
+        Some(DeviceView {
+            id: dev.id.clone(),
+            last_fix_at: dev.last_applied,
+            last_position: dev.last_position,
+            buffered: dev.buffer.len(),
+            pairs,
+        })
+    }
+
+    fn device_slot(&mut self, id: &Arc<str>) -> u32 {
+        if let Some(&d) = self.device_ids.get(id) {
+            return d;
+        }
+        let d = self.devices.len() as u32;
+        debug_assert!(d < DEVICE_BIT, "device slots must leave the flag bit free");
+        self.devices.push(Device {
+            id: id.clone(),
+            last_applied: None,
+            last_position: None,
+            buffer: Vec::new(),
+            pairs: Vec::new(),
+            flush_gen: 0,
+            flush_due: None,
+        });
+        self.device_ids.insert(id.clone(), d);
+        d
+    }
+
+    /// Applies every buffered fix `<= W` of device `d`, processes its pairs' internal events `< W`
+    /// and reschedules its timers.
+    fn process_device(&mut self, d: u32, out: &mut Vec<Event>) {
+        let Some(w) = self.watermark else { return };
+        loop {
+            let dev = &mut self.devices[d as usize];
+            match dev.buffer.first() {
+                Some(b) if b.ts <= w => {
+                    let b = dev.buffer.remove(0);
+                    self.buffered -= 1;
+                    self.apply(d, b, out);
+                }
+                _ => break,
+            }
+        }
+        self.catch_up(d, w, out);
+        for i in 0..self.devices[d as usize].pairs.len() {
+            let p = self.devices[d as usize].pairs[i];
+            self.resched_pair(p);
+        }
+        self.resched_device(d);
+    }
+
+    /// Processes internal events strictly before `bound` for every pair of device `d`.
+    fn catch_up(&mut self, d: u32, bound: Ts, out: &mut Vec<Event>) {
+        let dev_id = self.devices[d as usize].id.clone();
+        let last = self.devices[d as usize].last_applied;
+        let mut i = 0;
+        while i < self.devices[d as usize].pairs.len() {
+            let p = self.devices[d as usize].pairs[i];
+            let pair = &mut self.pairs[p as usize];
+            let alive = match self.fences.get(pair.fence) {
+                Some(fence) => pair.catch_up(&fence.settings, bound, last, &mut |o| {
+                    out.push(to_event(o, &dev_id, fence))
+                }),
+                None => Alive::No,
+            };
+            if alive == Alive::No {
+                self.free_pair(d, i);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Applies one fix to device `d`: first its pairs' earlier internal events, then the fix to
+    /// every pair it already has and to every fence whose exact test it passes.
+    fn apply(&mut self, d: u32, b: Buffered, out: &mut Vec<Event>) {
+        self.catch_up(d, b.ts, out);
+        let dev = &mut self.devices[d as usize];
+        dev.last_applied = Some(b.ts);
+        dev.last_position = Some((b.lat, b.lon));
+        let dev_id = dev.id.clone();
+        let ignored = |f: &Fence| {
+            matches!((b.accuracy, f.settings.max_accuracy_m), (Some(a), Some(max)) if a > max)
+        };
+
+        let mut i = 0;
+        while i < self.devices[d as usize].pairs.len() {
+            let p = self.devices[d as usize].pairs[i];
+            let pair = &mut self.pairs[p as usize];
+            let Some(fence) = self.fences.get(pair.fence) else {
+                self.free_pair(d, i);
+                continue;
+            };
+            if ignored(fence) {
+                i += 1;
+                continue;
+            }
+            let class = classify(fence, pair.is_inside(), b.lon, b.lat);
+            let alive = pair.on_fix(&fence.settings, b.ts, class, &mut |o| {
+                out.push(to_event(o, &dev_id, fence))
+            });
+            if alive == Alive::No {
+                self.free_pair(d, i);
+            } else {
+                i += 1;
+            }
+        }
+
+        let mut candidates = Vec::new();
+        self.fences.candidates(b.lon, b.lat, &mut candidates);
+        for idx in candidates {
+            let has_pair = self.devices[d as usize]
+                .pairs
+                .iter()
+                .any(|&p| self.pairs[p as usize].fence == idx);
+            if has_pair {
+                continue;
+            }
+            let Some(fence) = self.fences.get(idx) else { continue };
+            if ignored(fence) || !fence.contains(b.lon, b.lat) {
+                continue;
+            }
+            let pair = Pair::start(d, idx, &fence.settings, b.ts, &mut |o| {
+                out.push(to_event(o, &dev_id, fence))
+            });
+            self.insert_pair(d, pair);
+        }
+    }
+
+    fn insert_pair(&mut self, d: u32, mut pair: Pair) {
+        let slot = match self.free_pairs.pop() {
+            Some(slot) => {
+                pair.timer_gen = self.pairs[slot as usize].timer_gen;
+                self.pairs[slot as usize] = pair;
+                slot
+            }
+            None => {
+                let slot = self.pairs.len() as u32;
+                debug_assert!(slot < DEVICE_BIT, "pair slots must leave the flag bit free");
+                self.pairs.push(pair);
+                slot
+            }
+        };
+        self.devices[d as usize].pairs.push(slot);
+        self.live_pairs += 1;
+    }
+
+    /// Drops the `i`-th pair of device `d`, tombstoning its timer.
+    fn free_pair(&mut self, d: u32, i: usize) {
+        let slot = self.devices[d as usize].pairs.swap_remove(i);
+        let pair = &mut self.pairs[slot as usize];
+        if pair.timer_due.take().is_some() {
+            self.wheel.cancelled();
+        }
+        pair.timer_gen = pair.timer_gen.wrapping_add(1);
+        self.free_pairs.push(slot);
+        self.live_pairs -= 1;
+    }
+
+    fn resched_pair(&mut self, slot: u32) {
+        let pair = &mut self.pairs[slot as usize];
+        let Some(fence) = self.fences.get(pair.fence) else { return };
+        // An internal event at t is processed once the bound passes t, so wake at the first tick
+        // ending at or after t + 1 ms.
+        let due = pair
+            .next_internal(&fence.settings)
+            .map(|t| self.clock.deadline_tick(t.add(Dur(1))).0);
+        if due == pair.timer_due {
+            return;
+        }
+        if pair.timer_due.is_some() {
+            self.wheel.cancelled();
+        }
+        pair.timer_gen = pair.timer_gen.wrapping_add(1);
+        pair.timer_due = due;
+        if let Some(due) = due {
+            self.wheel.schedule(
+                TimerKey {
+                    slot,
+                    generation: pair.timer_gen,
+                },
+                Tick(due),
+            );
+        }
+    }
+
+    fn resched_device(&mut self, d: u32) {
+        let dev = &mut self.devices[d as usize];
+        let due = dev.buffer.first().map(|b| self.clock.deadline_tick(b.ts).0);
+        if due == dev.flush_due {
+            return;
+        }
+        if dev.flush_due.is_some() {
+            self.wheel.cancelled();
+        }
+        dev.flush_gen = dev.flush_gen.wrapping_add(1);
+        dev.flush_due = due;
+        if let Some(due) = due {
+            self.wheel.schedule(
+                TimerKey {
+                    slot: d | DEVICE_BIT,
+                    generation: dev.flush_gen,
+                },
+                Tick(due),
+            );
+        }
+    }
+
+    /// Stamps `seq` on events in order, continuing this engine's own sequence. A service with
+    /// several engines re-stamps in its shared event log instead.
+    pub fn stamp(&mut self, events: &mut [Event]) {
+        for e in events {
+            self.seq += 1;
+            e.seq = self.seq;
+        }
+    }
+}
+
+fn classify(fence: &Fence, inside: bool, lon: f64, lat: f64) -> FixClass {
+    if fence.contains(lon, lat) {
+        FixClass::Inside
+    } else if inside
+        && fence.settings.exit_buffer_m > 0.0
+        && fence.within_m(lon, lat, fence.settings.exit_buffer_m)
+    {
+        FixClass::Buffer
+    } else {
+        FixClass::Outside
+    }
+}
+
+fn to_event(o: PairOutput, device: &Arc<str>, fence: &Fence) -> Event {
+    let tags = &fence.settings.tags;
+    match o {
+        PairOutput::Enter { entered_at } => Event::enter(device, &fence.id, entered_at, tags),
+        PairOutput::Exit { entered_at, at } => Event::exit(device, &fence.id, entered_at, at, tags),
+        PairOutput::Dwell {
+            entered_at,
+            threshold,
+        } => Event::dwell(device, &fence.id, entered_at, threshold, tags),
+    }
+}
+
+#[cfg(test)]
+mod tests;
+
+#[cfg(test)]
+mod model;

@@ -1,0 +1,391 @@
+//! Property tests of the engine against a naive recompute of DESIGN sections 2-4.
+//!
+//! - `naive` rebuilds the expected event set from the whole trace at once: per device and fence it
+//!   walks the applied fixes to find visits, then judges every threshold of every visit by reading
+//!   the rules directly (deadline passed, EXIT not before it, STALE from the device's fix list,
+//!   the EXIT run pending at the deadline and its outcome). It shares no state machine with the
+//!   engine.
+//! - The engine runs the same trace in time order on one shard, and again with arrival order
+//!   shuffled within the lateness, split across 1-8 shards by device hash, in random batches, with
+//!   random tick lengths and fire caps. All three event sets must be identical, ids included.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use proptest::prelude::*;
+
+use super::tests::{fence_from, square};
+use super::*;
+use crate::core::event::EventKind;
+
+/// Tiny deterministic PRNG (xorshift64*), so a proptest seed fully determines a trace.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+        xs[self.below(xs.len() as u64) as usize]
+    }
+}
+
+/// Places chosen to hit the interesting geometry: interiors, exact boundaries, the overlap of two
+/// fences, the exit-buffer band, a circle, and far away.
+const PLACES: &[(f64, f64)] = &[
+    (10.005, 50.005),  // inside A
+    (10.0, 50.005),    // on A's western edge
+    (10.01, 50.01),    // A's north-east corner
+    (10.0102, 50.005), // ~14 m east of A (A's buffer band)
+    (10.012, 50.005),  // inside B only
+    (10.009, 50.006),  // inside A and B
+    (10.015, 50.0),    // B's southern edge
+    (10.03, 50.003),   // inside circle C
+    (10.03, 50.0115),  // near C's rim (outside by ~113 m)
+    (10.05, 50.05),    // far away
+    (10.02, 50.02),    // far from everything
+];
+
+fn fences(rng: &mut Rng) -> Vec<Arc<Fence>> {
+    let mut props = || {
+        let mut p = serde_json::Map::new();
+        let n = rng.below(3) as usize + 1;
+        let dwell: Vec<String> = (0..n).map(|_| rng.pick(&["20s", "45s", "60s", "2m", "5m"]).to_string()).collect();
+        p.insert("dwell".into(), serde_json::json!(dwell));
+        p.insert("enter_confirm".into(), serde_json::json!(rng.below(3) + 1));
+        p.insert("exit_confirm".into(), serde_json::json!(rng.below(3) + 1));
+        p.insert("confirm_within".into(), serde_json::json!(rng.pick(&["30s", "60s", "2m"])));
+        p.insert("stale_after".into(), serde_json::json!(rng.pick(&["off", "40s", "90s", "15m"])));
+        if rng.below(2) == 0 {
+            p.insert("exit_buffer_m".into(), serde_json::json!(30));
+        }
+        if rng.below(3) == 0 {
+            p.insert("max_accuracy_m".into(), serde_json::json!(50));
+        }
+        serde_json::Value::Object(p)
+    };
+    let a = square("A", props());
+    let b = fence_from(serde_json::json!({
+        "type": "Feature", "id": "B",
+        "geometry": {"type": "Polygon", "coordinates": [[
+            [10.008, 50.0], [10.015, 50.0], [10.015, 50.008], [10.008, 50.008], [10.008, 50.0]
+        ]]},
+        "properties": props(),
+    }));
+    let mut cp = props();
+    cp["radius_m"] = serde_json::json!(800);
+    let c = fence_from(serde_json::json!({
+        "type": "Feature", "id": "C",
+        "geometry": {"type": "Point", "coordinates": [10.03, 50.0]},
+        "properties": cp,
+    }));
+    vec![a, b, c]
+}
+
+/// A random fleet trace: per device, increasing timestamps with varied gaps (some long enough to
+/// go STALE or expire runs), hopping between places, sometimes inaccurate, sometimes a same-ts
+/// duplicate at another place.
+fn trace(rng: &mut Rng, devices: usize, dups: bool) -> Vec<Fix> {
+    let mut fixes = Vec::new();
+    for d in 0..devices {
+        let name = format!("dev-{d}");
+        let mut t: i64 = 1_767_225_600_000 + rng.below(60_000) as i64;
+        let mut place = rng.pick(PLACES);
+        for _ in 0..(10 + rng.below(50)) {
+            t += match rng.below(10) {
+                0 => 100_000 + rng.below(400_000) as i64,
+                1 => rng.below(1000) as i64 + 1,
+                _ => 1000 * (1 + rng.below(40) as i64),
+            };
+            if rng.below(3) == 0 {
+                place = rng.pick(PLACES);
+            }
+            let accuracy = match rng.below(6) {
+                0 => Some(120.0),
+                1 => None,
+                _ => Some(8.0),
+            };
+            fixes.push(Fix::new(&name, Ts(t), place.1, place.0, accuracy, 64).unwrap());
+            if dups && rng.below(12) == 0 {
+                let other = rng.pick(PLACES);
+                fixes.push(Fix::new(&name, Ts(t), other.1, other.0, accuracy, 64).unwrap());
+            }
+        }
+    }
+    fixes
+}
+
+/// An event without `seq` / `emitted_at`, comparable across runs.
+type Key = (EventKind, String, String, i64, i64, Option<i64>, Option<i64>, String);
+
+fn key(e: &Event) -> Key {
+    (
+        e.kind,
+        e.device.to_string(),
+        e.fence.to_string(),
+        e.at.0,
+        e.entered_at.0,
+        e.dwell_s.map(|s| s.0.millis()),
+        e.duration_s.map(|s| s.0.millis()),
+        e.id.to_string(),
+    )
+}
+
+struct Run {
+    shards: usize,
+    lateness: Dur,
+    tick: Dur,
+    cap: usize,
+}
+
+/// Feeds `arrival` through `run.shards` engines in batches; returns the sorted event keys.
+fn run_engines(fences: &[Arc<Fence>], arrival: &[Fix], batches: &[usize], run: &Run) -> Vec<Key> {
+    let cfg = EngineConfig {
+        tick: run.tick,
+        max_fires_per_advance: run.cap,
+        max_buffered_per_device: 10_000,
+    };
+    let mut engines: Vec<Engine> = (0..run.shards).map(|_| Engine::new(cfg.clone())).collect();
+    let mut out = Vec::new();
+    for e in &mut engines {
+        for f in fences {
+            e.upsert_fence(f.clone(), &mut out);
+        }
+    }
+    let shard_of = |dev: &str| (xxhash_rust::xxh3::xxh3_64(dev.as_bytes()) % run.shards as u64) as usize;
+    let mut max_seen: Option<Ts> = None;
+    let mut i = 0;
+    let mut b = 0;
+    while i < arrival.len() {
+        let n = batches[b % batches.len()].max(1);
+        b += 1;
+        for fix in &arrival[i..(i + n).min(arrival.len())] {
+            max_seen = Some(max_seen.map_or(fix.ts, |m| m.max(fix.ts)));
+            let w = max_seen.unwrap().sub(run.lateness);
+            let got = engines[shard_of(&fix.device)].ingest(fix, w, &mut out).unwrap();
+            assert_ne!(got, Ingested::Late, "disorder within lateness is never late");
+        }
+        i += n;
+        let w = max_seen.unwrap().sub(run.lateness);
+        for e in &mut engines {
+            e.advance(w, &mut out);
+        }
+    }
+    if let Some(m) = max_seen {
+        let w = m.sub(run.lateness);
+        for e in &mut engines {
+            while e.advance(w, &mut out).carried {}
+        }
+    }
+    let mut keys: Vec<Key> = out.iter().map(key).collect();
+    keys.sort();
+    keys
+}
+
+/// The expected events computed straight from the rules.
+fn naive(fences: &[Arc<Fence>], fixes: &[Fix], w_final: Ts) -> Vec<Key> {
+    let mut by_dev: BTreeMap<Arc<str>, Vec<&Fix>> = BTreeMap::new();
+    for f in fixes.iter().filter(|f| f.ts <= w_final) {
+        by_dev.entry(f.device.clone()).or_default().push(f);
+    }
+    let mut events = Vec::new();
+    for (dev, mut fx) in by_dev {
+        fx.sort_by(|a, b| a.order(b));
+        fx.dedup_by(|b, a| a.ts == b.ts); // keeps the first in (ts, lat, lon) order
+        for fence in fences {
+            naive_pair(&dev, fence, &fx, w_final, &mut events);
+        }
+    }
+    let mut keys: Vec<Key> = events.iter().map(key).collect();
+    keys.sort();
+    keys
+}
+
+#[derive(Clone, Copy)]
+struct Run1 {
+    first: Ts,
+    last: Ts,
+    count: u8,
+}
+
+struct Visit {
+    entered_at: Ts,
+    /// (EXIT time, ts of the fix that confirmed it)
+    exit: Option<(Ts, Ts)>,
+}
+
+fn naive_pair(dev: &Arc<str>, fence: &Fence, all: &[&Fix], w_final: Ts, events: &mut Vec<Event>) {
+    let s = &fence.settings;
+    let cw = s.confirm_within;
+    let ignored = |f: &Fix| matches!((f.accuracy, s.max_accuracy_m), (Some(a), Some(m)) if a > m);
+    let fx: Vec<&Fix> = all.iter().copied().filter(|f| !ignored(f)).collect();
+    let in_geom = |f: &Fix| fence.contains(f.lon, f.lat);
+    let counts_outside = |f: &Fix| {
+        !in_geom(f) && !(s.exit_buffer_m > 0.0 && fence.distance_m(f.lon, f.lat) <= s.exit_buffer_m)
+    };
+
+    // Pass 1: visits, and after each fix the pair's (inside, run) state.
+    let mut visits: Vec<Visit> = Vec::new();
+    let mut after: Vec<(bool, Option<Run1>)> = Vec::new();
+    let (mut inside, mut run): (bool, Option<Run1>) = (false, None);
+    for f in &fx {
+        if run.is_some_and(|r| f.ts.since(r.last) > cw) {
+            run = None;
+        }
+        let push = |run: Option<Run1>| match run {
+            Some(r) => Run1 { last: f.ts, count: r.count + 1, ..r },
+            None => Run1 { first: f.ts, last: f.ts, count: 1 },
+        };
+        if inside {
+            if counts_outside(f) {
+                let r = push(run);
+                if r.count >= s.exit_confirm {
+                    visits.last_mut().unwrap().exit = Some((r.first, f.ts));
+                    inside = false;
+                    run = None;
+                } else {
+                    run = Some(r);
+                }
+            } else {
+                run = None;
+            }
+        } else if in_geom(f) {
+            let r = push(run);
+            if r.count >= s.enter_confirm {
+                visits.push(Visit { entered_at: r.first, exit: None });
+                inside = true;
+                run = None;
+            } else {
+                run = Some(r);
+            }
+        } else {
+            run = None;
+        }
+        after.push((inside, run));
+    }
+
+    for v in &visits {
+        events.push(Event::enter(dev, &fence.id, v.entered_at, &s.tags));
+        if let Some((x, _)) = v.exit {
+            events.push(Event::exit(dev, &fence.id, v.entered_at, x, &s.tags));
+        }
+        for &dur in &s.dwell {
+            if dwell_fires(v, dur, s, &fx, &after, all, w_final, &counts_outside) {
+                events.push(Event::dwell(dev, &fence.id, v.entered_at, dur, &s.tags));
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn dwell_fires(
+    v: &Visit,
+    dur: Dur,
+    s: &crate::core::fences::FenceSettings,
+    fx: &[&Fix],
+    after: &[(bool, Option<Run1>)],
+    all: &[&Fix],
+    w_final: Ts,
+    counts_outside: &dyn Fn(&Fix) -> bool,
+) -> bool {
+    let d = v.entered_at.add(dur);
+    if d >= w_final {
+        return false; // the deadline has not passed yet
+    }
+    if v.exit.is_some_and(|(x, _)| x <= d) {
+        return false; // the visit was over by the deadline
+    }
+    // STALE: the device's latest fix (any fence, ignored or not) at or before d.
+    let latest = all.iter().filter(|f| f.ts <= d).map(|f| f.ts).max();
+    let released = match (s.stale_after, latest) {
+        (None, _) => true,
+        (Some(limit), Some(l)) => d.since(l) <= limit,
+        (Some(_), None) => false,
+    };
+    // The EXIT run pending at d (only while the visit is confirmed inside at d).
+    let k = fx.iter().rposition(|f| f.ts <= d).expect("the visit's first fix is <= d");
+    let mut blocking = match after[k] {
+        (true, Some(r)) if d <= r.last.add(s.confirm_within) => Some(r),
+        _ => None,
+    };
+    if blocking.is_none() && released {
+        return true;
+    }
+    let end = v.exit.map(|(_, confirm)| confirm);
+    for f in fx.iter().filter(|f| f.ts > d) {
+        if let Some(r) = blocking
+            && f.ts.since(r.last) > s.confirm_within
+        {
+            blocking = None; // the run expired before this fix
+            if released {
+                return true;
+            }
+        }
+        if end.is_some_and(|e| f.ts >= e) {
+            return false; // the visit ended (this fix confirmed its EXIT)
+        }
+        if counts_outside(f) {
+            if let Some(r) = &mut blocking {
+                r.last = f.ts;
+            }
+        } else {
+            // A fix that does not count as outside breaks any run and releases a STALE dwell.
+            return true;
+        }
+    }
+    if let Some(r) = blocking
+        && w_final > r.last.add(s.confirm_within)
+    {
+        return released;
+    }
+    blocking.is_none() && released
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn engine_matches_naive_recompute_whatever_the_arrival_shards_or_batches(
+        seed in 1u64..u64::MAX,
+        devices in 1usize..7,
+        lateness_s in prop::sample::select(vec![0i64, 5, 30]),
+        shards in 1usize..=8,
+        batches in prop::collection::vec(1usize..40, 1..6),
+        tick_ms in prop::sample::select(vec![250i64, 1000, 7000]),
+        cap in prop::sample::select(vec![1usize, 3, 100_000]),
+    ) {
+        let mut rng = Rng(seed);
+        let fences = fences(&mut rng);
+        let lateness = Dur::from_secs(lateness_s);
+        // Same-ts duplicates at different places are only order-independent when they wait in the
+        // reorder buffer together, i.e. with lateness > 0 (docs/semantics.md).
+        let mut fixes = trace(&mut rng, devices, lateness_s > 0);
+        fixes.sort_by(|a, b| a.order(b));
+        let w_final = fixes.iter().map(|f| f.ts).max().unwrap().sub(lateness);
+
+        let expected = naive(&fences, &fixes, w_final);
+        let in_order = run_engines(&fences, &fixes, &[fixes.len()], &Run {
+            shards: 1, lateness, tick: Dur::from_secs(1), cap: 100_000,
+        });
+        prop_assert_eq!(&in_order, &expected, "engine (in order, 1 shard) vs naive");
+
+        // Arrival order: each fix delayed by less than the lateness, then sorted by arrival.
+        let mut arrival: Vec<(i64, usize)> = fixes
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (f.ts.0 + if lateness_s > 0 { rng.below(lateness.0 as u64) as i64 } else { 0 }, i))
+            .collect();
+        arrival.sort();
+        let shuffled: Vec<Fix> = arrival.iter().map(|&(_, i)| fixes[i].clone()).collect();
+        let got = run_engines(&fences, &shuffled, &batches, &Run {
+            shards, lateness, tick: Dur(tick_ms), cap,
+        });
+        prop_assert_eq!(&got, &expected, "shuffled/sharded/batched vs naive");
+    }
+}

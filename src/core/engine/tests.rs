@@ -1,0 +1,481 @@
+//! Table tests: one or more per rule of DESIGN sections 2 and 3.
+
+use std::sync::Arc;
+
+use super::*;
+use crate::core::event::EventKind;
+use crate::core::fences::FenceLimits;
+
+/// 2026-01-01T00:00:00Z.
+const T0: i64 = 1_767_225_600_000;
+
+pub(super) const IN: (f64, f64) = (10.005, 50.005);
+pub(super) const IN2: (f64, f64) = (10.006, 50.004);
+/// On the western edge of the square.
+pub(super) const EDGE: (f64, f64) = (10.0, 50.005);
+/// About 14 m east of the eastern edge (1° of longitude is ~71.6 km at 50°N).
+pub(super) const NEAR: (f64, f64) = (10.0102, 50.005);
+pub(super) const FAR: (f64, f64) = (10.05, 50.05);
+
+pub(super) fn ts(secs: i64) -> Ts {
+    Ts(T0 + secs * 1000)
+}
+
+/// A fence from a GeoJSON Feature given as JSON.
+pub(super) fn fence_from(v: serde_json::Value) -> Arc<Fence> {
+    let f: geojson::Feature = serde_json::from_value(v).expect("test feature is GeoJSON");
+    Arc::new(Fence::from_feature(&f, None, &FenceLimits::default()).expect("test fence is valid"))
+}
+
+/// The square 10.00..10.01 E, 50.00..50.01 N with the given properties.
+pub(super) fn square(id: &str, props: serde_json::Value) -> Arc<Fence> {
+    fence_from(serde_json::json!({
+        "type": "Feature",
+        "id": id,
+        "geometry": {"type": "Polygon", "coordinates": [[
+            [10.0, 50.0], [10.01, 50.0], [10.01, 50.01], [10.0, 50.01], [10.0, 50.0]
+        ]]},
+        "properties": props,
+    }))
+}
+
+/// Drives one engine in `event` clock mode with lateness 0 unless set.
+struct H {
+    e: Engine,
+    out: Vec<Event>,
+    max_seen: Option<Ts>,
+    lateness: Dur,
+}
+
+impl H {
+    fn new(props: serde_json::Value) -> H {
+        let mut h = H {
+            e: Engine::new(EngineConfig::default()),
+            out: Vec::new(),
+            max_seen: None,
+            lateness: Dur::ZERO,
+        };
+        let f = square("sq", props);
+        h.e.upsert_fence(f, &mut h.out);
+        h
+    }
+
+    fn fix_acc(&mut self, dev: &str, secs: i64, p: (f64, f64), accuracy: Option<f64>) -> Ingested {
+        let fix = Fix::new(dev, ts(secs), p.1, p.0, accuracy, 64).unwrap();
+        self.max_seen = Some(self.max_seen.map_or(fix.ts, |m| m.max(fix.ts)));
+        let w = self.max_seen.unwrap().sub(self.lateness);
+        self.e.ingest(&fix, w, &mut self.out).unwrap()
+    }
+
+    fn fix(&mut self, secs: i64, p: (f64, f64)) -> Ingested {
+        self.fix_acc("d1", secs, p, None)
+    }
+
+    /// Raises the watermark to `secs` (as if other devices' data moved it).
+    fn w(&mut self, secs: i64) {
+        self.e.advance(ts(secs), &mut self.out);
+    }
+
+    /// Drains events as (kind, at, extra) in seconds: extra is dwell_s or duration_s or 0.
+    fn take(&mut self) -> Vec<(EventKind, i64, i64)> {
+        self.out
+            .drain(..)
+            .map(|e| {
+                let extra = e
+                    .dwell_s
+                    .or(e.duration_s)
+                    .map_or(0, |s| s.0.millis() / 1000);
+                (e.kind, (e.at.0 - T0) / 1000, extra)
+            })
+            .collect()
+    }
+}
+
+use EventKind::{Dwell, Enter, Exit};
+
+#[test]
+fn enter_dwell_exit_in_event_time() {
+    let mut h = H::new(serde_json::json!({"dwell": ["10m"]}));
+    h.fix(0, IN);
+    assert_eq!(h.take(), vec![(Enter, 0, 0)]);
+    h.fix(300, IN);
+    h.w(600);
+    assert_eq!(h.take(), vec![], "DWELL waits until W has passed the deadline");
+    h.w(601);
+    assert_eq!(h.take(), vec![(Dwell, 600, 600)], "at is the deadline exactly");
+    h.fix(700, FAR);
+    assert_eq!(h.take(), vec![(Exit, 700, 700)], "EXIT carries the visit duration");
+}
+
+#[test]
+fn boundary_counts_as_inside() {
+    let mut h = H::new(serde_json::json!({}));
+    h.fix(0, EDGE);
+    assert_eq!(h.take(), vec![(Enter, 0, 0)]);
+}
+
+#[test]
+fn dwell_fires_within_one_tick_of_the_watermark_passing() {
+    let mut h = H::new(serde_json::json!({"dwell": ["90s"]}));
+    h.fix(0, IN);
+    h.take();
+    // The deadline is 90 s after a whole second; W at 90.5 s completes no tick past it yet...
+    h.e.advance(ts(90).add(Dur(500)), &mut h.out);
+    assert_eq!(h.take(), vec![]);
+    // ...and one tick later it must have fired.
+    h.w(91);
+    assert_eq!(h.take(), vec![(Dwell, 90, 90)]);
+}
+
+#[test]
+fn each_threshold_fires_once_per_visit_and_reentry_restarts() {
+    let mut h = H::new(serde_json::json!({"dwell": ["1h", "10m"], "stale_after": "off"}));
+    h.fix(0, IN);
+    h.w(4000);
+    h.fix(4000, IN);
+    h.w(5000);
+    assert_eq!(h.take(), vec![(Enter, 0, 0), (Dwell, 600, 600), (Dwell, 3600, 3600)]);
+    h.fix(5000, FAR);
+    h.fix(5100, IN);
+    h.w(5701);
+    assert_eq!(
+        h.take(),
+        vec![(Exit, 5000, 5000), (Enter, 5100, 0), (Dwell, 5700, 600)],
+        "a re-entry is a new visit with its own deadlines"
+    );
+}
+
+#[test]
+fn exit_at_or_before_the_deadline_cancels_the_dwell() {
+    let mut h = H::new(serde_json::json!({"dwell": ["10m"]}));
+    h.fix(0, IN);
+    h.fix(600, FAR);
+    h.w(2000);
+    assert_eq!(h.take(), vec![(Enter, 0, 0), (Exit, 600, 600)]);
+    let s = h.e.stats();
+    assert_eq!(s.pairs, 0);
+    assert_eq!(s.wheel.entries, s.wheel.tombstones, "nothing live is left in the wheel");
+}
+
+#[test]
+fn hysteresis_exit_buffer() {
+    let mut h = H::new(serde_json::json!({"exit_buffer_m": 50}));
+    h.fix(0, NEAR);
+    assert_eq!(h.take(), vec![], "the buffer does not widen the fence for ENTER");
+    h.fix(10, IN);
+    h.fix(20, NEAR);
+    assert_eq!(h.take(), vec![(Enter, 10, 0)], "outside within the buffer is not outside");
+    h.fix(30, FAR);
+    assert_eq!(h.take(), vec![(Exit, 30, 20)]);
+}
+
+#[test]
+fn inaccurate_fixes_are_ignored_for_the_fence() {
+    let mut h = H::new(serde_json::json!({"max_accuracy_m": 50, "exit_confirm": 2}));
+    h.fix_acc("d1", 0, IN, Some(100.0));
+    assert_eq!(h.take(), vec![]);
+    h.fix_acc("d1", 10, IN, Some(10.0));
+    h.fix_acc("d1", 20, FAR, Some(10.0));
+    h.fix_acc("d1", 30, IN, Some(500.0));
+    h.fix_acc("d1", 40, FAR, None);
+    assert_eq!(
+        h.take(),
+        vec![(Enter, 10, 0), (Exit, 20, 10)],
+        "the ignored inside fix neither counts nor breaks the exit run"
+    );
+}
+
+#[test]
+fn enter_confirm_needs_consecutive_inside_fixes() {
+    let mut h = H::new(serde_json::json!({"enter_confirm": 3}));
+    h.fix(0, IN);
+    h.fix(10, IN);
+    h.fix(20, FAR);
+    h.fix(30, IN);
+    h.fix(40, IN);
+    assert_eq!(h.take(), vec![], "an outside fix breaks the run");
+    h.fix(50, IN2);
+    assert_eq!(h.take(), vec![(Enter, 30, 0)], "ENTER's time is the run's first fix");
+}
+
+#[test]
+fn exit_confirm_needs_consecutive_outside_fixes() {
+    let mut h = H::new(serde_json::json!({"exit_confirm": 2}));
+    h.fix(0, IN);
+    h.fix(10, FAR);
+    h.fix(20, IN);
+    h.fix(30, FAR);
+    h.fix(40, FAR);
+    assert_eq!(h.take(), vec![(Enter, 0, 0), (Exit, 30, 30)]);
+}
+
+#[test]
+fn votes_expire_after_confirm_within_and_a_gap_equal_to_it_counts() {
+    let mut h = H::new(serde_json::json!({"enter_confirm": 2, "confirm_within": "60s"}));
+    h.fix(0, IN);
+    h.fix(61, IN);
+    assert_eq!(h.take(), vec![], "a gap over confirm_within starts a new run");
+    h.fix(121, IN);
+    assert_eq!(h.take(), vec![(Enter, 61, 0)], "a gap equal to confirm_within still counts");
+}
+
+#[test]
+fn the_expiry_sweep_runs_on_the_wheel() {
+    let mut h = H::new(serde_json::json!({"enter_confirm": 2, "confirm_within": "60s"}));
+    h.fix(0, IN);
+    assert_eq!(h.e.stats().pairs, 1);
+    h.w(60);
+    assert_eq!(h.e.stats().pairs, 1, "at W = last + confirm_within the run still stands");
+    h.w(62);
+    assert_eq!(h.e.stats().pairs, 0, "after it, the pending run is swept without any fix");
+    h.fix(62, IN);
+    h.fix(70, IN);
+    assert_eq!(h.take(), vec![(Enter, 62, 0)]);
+}
+
+#[test]
+fn a_pending_exit_run_holds_the_dwell_until_its_outcome() {
+    let props = serde_json::json!({"dwell": ["10m"], "exit_confirm": 2, "confirm_within": "5m"});
+    // Confirmed: the EXIT time (first outside fix) is before the deadline, so no DWELL.
+    let mut h = H::new(props.clone());
+    h.fix(0, IN);
+    h.fix(590, FAR);
+    h.w(700);
+    assert_eq!(h.take(), vec![(Enter, 0, 0)], "held while the run is pending");
+    h.fix(700, FAR);
+    assert_eq!(h.take(), vec![(Exit, 590, 590)]);
+    // Broken by an inside fix: DWELL fires, at the deadline.
+    let mut h = H::new(props.clone());
+    h.fix(0, IN);
+    h.fix(590, FAR);
+    h.fix(700, IN);
+    assert_eq!(h.take(), vec![(Enter, 0, 0), (Dwell, 600, 600)]);
+    // Expired (no second outside fix within confirm_within): DWELL fires.
+    let mut h = H::new(props);
+    h.fix(0, IN);
+    h.fix(590, FAR);
+    h.w(890);
+    assert_eq!(h.take(), vec![(Enter, 0, 0)]);
+    h.w(892);
+    assert_eq!(h.take(), vec![(Dwell, 600, 600)]);
+}
+
+#[test]
+fn an_exit_run_starting_after_the_deadline_does_not_hold_it() {
+    let mut h = H::new(serde_json::json!({"dwell": ["10m"], "exit_confirm": 2}));
+    h.fix(0, IN);
+    h.fix(500, IN);
+    h.fix(601, FAR);
+    assert_eq!(h.take(), vec![(Enter, 0, 0), (Dwell, 600, 600)]);
+}
+
+#[test]
+fn stale_dwell_waits_for_the_next_fix_that_is_not_outside() {
+    let props = serde_json::json!({"dwell": ["30m"], "stale_after": "15m"});
+    let mut h = H::new(props.clone());
+    h.fix(0, IN);
+    h.w(3600);
+    assert_eq!(h.take(), vec![(Enter, 0, 0)], "quiet device: STALE at the deadline");
+    h.fix(4000, IN);
+    assert_eq!(h.take(), vec![(Dwell, 1800, 1800)], "released by the next inside fix, at d");
+    // A visit that ends first never fires it.
+    let mut h = H::new(props.clone());
+    h.fix(0, IN);
+    h.w(3600);
+    h.fix(4000, FAR);
+    assert_eq!(h.take(), vec![(Enter, 0, 0), (Exit, 4000, 4000)]);
+    // A fix within stale_after before d (for any fence, even one far away) keeps it fresh.
+    let mut h = H::new(props.clone());
+    h.fix(0, IN);
+    h.fix(1000, IN);
+    h.w(1801);
+    assert_eq!(h.take(), vec![(Enter, 0, 0), (Dwell, 1800, 1800)]);
+}
+
+#[test]
+fn stale_uses_any_fix_of_the_device() {
+    let mut h = H::new(serde_json::json!({"dwell": ["30m"], "stale_after": "15m", "max_accuracy_m": 20}));
+    h.fix(0, IN);
+    // Ignored for this fence (inaccurate), but it is a fix of the device.
+    h.fix_acc("d1", 1000, FAR, Some(1000.0));
+    h.w(1801);
+    assert_eq!(h.take(), vec![(Enter, 0, 0), (Dwell, 1800, 1800)]);
+}
+
+#[test]
+fn stale_after_off_fires_on_quiet_devices() {
+    let mut h = H::new(serde_json::json!({"dwell": ["30m"], "stale_after": "off"}));
+    h.fix(0, IN);
+    h.w(1801);
+    assert_eq!(h.take(), vec![(Enter, 0, 0), (Dwell, 1800, 1800)]);
+}
+
+#[test]
+fn a_fix_exactly_at_the_deadline_counts_for_it() {
+    // An outside fix at d: EXIT at d <= d, so no DWELL, even though W reached d before.
+    let mut h = H::new(serde_json::json!({"dwell": ["10m"]}));
+    h.fix(0, IN);
+    h.w(600);
+    h.fix(600, FAR);
+    h.w(700);
+    assert_eq!(h.take(), vec![(Enter, 0, 0), (Exit, 600, 600)]);
+}
+
+#[test]
+fn late_enter_confirmation_fires_passed_thresholds() {
+    let mut h = H::new(serde_json::json!({"dwell": ["60s"], "enter_confirm": 3, "confirm_within": "5m"}));
+    h.fix(0, IN);
+    h.fix(50, IN);
+    h.fix(100, IN);
+    assert_eq!(h.take(), vec![(Enter, 0, 0), (Dwell, 60, 60)]);
+}
+
+#[test]
+fn late_and_duplicate_fixes_change_nothing() {
+    let mut h = H::new(serde_json::json!({}));
+    h.lateness = Dur::from_secs(10);
+    assert_eq!(h.fix(100, FAR), Ingested::Accepted);
+    assert_eq!(h.fix(95, IN), Ingested::Accepted, "within lateness: reordered");
+    assert_eq!(h.fix(100, (10.06, 50.06)), Ingested::Duplicate, "same ts, later in (lat, lon) order");
+    assert_eq!(h.fix(89, IN), Ingested::Late, "before W = 90");
+    h.fix(200, FAR);
+    assert_eq!(h.take(), vec![(Enter, 95, 0), (Exit, 100, 5)]);
+    assert_eq!(h.fix(100, IN), Ingested::Late);
+    assert_eq!(h.take(), vec![]);
+}
+
+#[test]
+fn duplicates_keep_the_first_in_lat_lon_order_whatever_arrives_first() {
+    for order in [[IN, FAR], [FAR, IN]] {
+        let mut h = H::new(serde_json::json!({}));
+        h.lateness = Dur::from_secs(10);
+        let a = h.fix(100, order[0]);
+        let b = h.fix(100, order[1]);
+        assert_eq!(a, Ingested::Accepted);
+        assert_eq!(b, if order[1] == IN { Ingested::Accepted } else { Ingested::Duplicate });
+        h.w(200);
+        // IN (lat 50.005) sorts before FAR (lat 50.05): it is kept.
+        assert_eq!(h.take(), vec![(Enter, 100, 0)]);
+    }
+}
+
+#[test]
+fn fixes_wait_for_the_watermark_and_apply_in_event_time_order() {
+    let mut h = H::new(serde_json::json!({}));
+    h.lateness = Dur::from_secs(30);
+    h.fix(20, FAR);
+    h.fix(10, IN);
+    assert_eq!(h.take(), vec![]);
+    assert_eq!(h.e.device("d1").unwrap().buffered, 2);
+    h.fix(60, FAR);
+    assert_eq!(h.take(), vec![(Enter, 10, 0), (Exit, 20, 10)]);
+}
+
+#[test]
+fn exit_tombstones_the_visit_timers() {
+    let mut h = H::new(serde_json::json!({"dwell": ["1h"]}));
+    h.fix(0, IN);
+    let before = h.e.stats().wheel;
+    assert_eq!(before.entries - before.tombstones, 1);
+    h.fix(10, FAR);
+    let after = h.e.stats().wheel;
+    assert_eq!(after.entries - after.tombstones, 0);
+    h.w(4000);
+    assert_eq!(h.take(), vec![(Enter, 0, 0), (Exit, 10, 10)]);
+}
+
+#[test]
+fn deleting_a_fence_drops_its_pairs_and_timers() {
+    let mut h = H::new(serde_json::json!({"dwell": ["1h"]}));
+    h.fix(0, IN);
+    assert!(h.e.remove_fence("sq"));
+    assert_eq!(h.e.stats().pairs, 0);
+    h.w(4000);
+    assert_eq!(h.take(), vec![(Enter, 0, 0)]);
+    assert!(!h.e.remove_fence("sq"));
+}
+
+#[test]
+fn geometry_changes_apply_from_the_next_fix() {
+    let mut h = H::new(serde_json::json!({}));
+    h.fix(0, IN);
+    // Move the square far away: the open visit stays open until the next fix says otherwise.
+    let moved = fence_from(serde_json::json!({
+        "type": "Feature", "id": "sq",
+        "geometry": {"type": "Polygon", "coordinates": [[
+            [20.0, 50.0], [20.01, 50.0], [20.01, 50.01], [20.0, 50.01], [20.0, 50.0]
+        ]]},
+        "properties": {}
+    }));
+    h.e.upsert_fence(moved, &mut h.out);
+    assert_eq!(h.take(), vec![(Enter, 0, 0)]);
+    h.fix(10, IN);
+    assert_eq!(h.take(), vec![(Exit, 10, 10)]);
+}
+
+#[test]
+fn circles_use_haversine_radius() {
+    let mut h = H::new(serde_json::json!({}));
+    let circle = fence_from(serde_json::json!({
+        "type": "Feature", "id": "c",
+        "geometry": {"type": "Point", "coordinates": [0.0, 0.0]},
+        "properties": {"radius_m": 1000}
+    }));
+    h.e.upsert_fence(circle, &mut h.out);
+    // 0.0089° of latitude is ~989.6 m; 0.0091° is ~1011.9 m.
+    h.fix_acc("c1", 0, (0.0, 0.0089), None);
+    h.fix_acc("c2", 0, (0.0, 0.0091), None);
+    let devs: Vec<_> = h.out.iter().map(|e| e.device.to_string()).collect();
+    assert_eq!(devs, vec!["c1".to_string()]);
+}
+
+#[test]
+fn ids_are_deterministic_and_seq_is_stamped_in_order() {
+    let run = || {
+        let mut h = H::new(serde_json::json!({"dwell": ["1m"]}));
+        h.fix(0, IN);
+        h.w(61);
+        let mut out = std::mem::take(&mut h.out);
+        h.e.stamp(&mut out);
+        out
+    };
+    let (a, b) = (run(), run());
+    assert_eq!(a, b);
+    assert_eq!(a.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![1, 2]);
+}
+
+#[test]
+fn device_view_shows_pairs() {
+    let mut h = H::new(serde_json::json!({"dwell": ["10m"]}));
+    h.fix(0, IN);
+    let v = h.e.device("d1").unwrap();
+    assert_eq!(v.last_fix_at, Some(ts(0)));
+    assert_eq!(v.pairs.len(), 1);
+    assert!(v.pairs[0].1.inside);
+    assert_eq!(v.pairs[0].1.next_due, Some(ts(600)));
+    assert!(h.e.device("nobody").is_none());
+}
+
+#[test]
+fn buffer_limit_is_an_error_not_a_loss() {
+    let mut e = Engine::new(EngineConfig {
+        max_buffered_per_device: 2,
+        ..EngineConfig::default()
+    });
+    let mut out = Vec::new();
+    for (i, expect_ok) in [(1, true), (2, true), (3, false)] {
+        let fix = Fix::new("d", ts(100 + i), 0.0, 0.0, None, 8).unwrap();
+        assert_eq!(e.ingest(&fix, ts(0), &mut out).is_ok(), expect_ok);
+    }
+    assert_eq!(e.stats().buffered, 2);
+}
+
+#[test]
+fn changed_thresholds_apply_to_open_visits() {
+    let mut h = H::new(serde_json::json!({"dwell": ["1h"]}));
+    h.fix(0, IN);
+    h.fix(700, IN);
+    h.e.upsert_fence(square("sq", serde_json::json!({"dwell": ["10m", "1h"]})), &mut h.out);
+    h.w(701);
+    assert_eq!(h.take(), vec![(Enter, 0, 0), (Dwell, 600, 600)]);
+}

@@ -1,0 +1,324 @@
+//! The fence index: stable [`FenceIdx`] slots by id, and an R-tree of fence envelopes.
+//!
+//! Invariants:
+//! - `slots[i]` is `Some` exactly for live fences, and `by_id` maps each live id to its slot.
+//! - The R-tree holds exactly the entries listed in each live slot (one per polygon part, one or
+//!   two per circle), so a replace or remove takes out precisely what the insert put in: no
+//!   rebuild, O(log n) per envelope.
+//! - Freed slots are reused last-freed-first, so the same sequence of changes gives the same
+//!   idx assignment (determinism of the engine).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use rstar::{AABB, RStarInsertionStrategy, RTree, RTreeObject, RTreeParams};
+
+use super::edges::{PolyPart, contains_flat};
+use super::{Fence, FenceIdx, Shape};
+
+/// Node sizes tuned for point queries over ~10^4 envelopes: wider nodes than rstar's default
+/// (6) mean a shallower tree and fewer pointer hops per query.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Params;
+
+impl RTreeParams for Params {
+    const MIN_SIZE: usize = 4;
+    const MAX_SIZE: usize = 12;
+    const REINSERTION_COUNT: usize = 3;
+    type DefaultInsertionStrategy = RStarInsertionStrategy;
+}
+
+/// One envelope of one fence in the R-tree. It carries the fence itself so that the hot path
+/// (`containing`) runs the exact test straight from the tree visit, without a slot lookup.
+#[derive(Debug, Clone)]
+struct Entry {
+    /// The envelope rounded outward to `f32`: half the bytes per tree node scanned, and still a
+    /// superset of the exact envelope for every `f64` point (see [`f32_point`]).
+    env: AABB<[f32; 2]>,
+    idx: u32,
+    /// Polygon part index (0 for circles).
+    part: u32,
+    /// Whether the fence has several entries (its idx may be hit twice by one query).
+    multi: bool,
+    geom: Geom,
+}
+
+/// Largest `f32` not above `x`.
+fn f32_down(x: f64) -> f32 {
+    let r = x as f32;
+    if f64::from(r) > x { r.next_down() } else { r }
+}
+
+/// Smallest `f32` not below `x`.
+fn f32_up(x: f64) -> f32 {
+    let r = x as f32;
+    if f64::from(r) < x { r.next_up() } else { r }
+}
+
+/// The query point in `f32` (round to nearest). If `lo <= x <= hi` in `f64` then
+/// `f32_down(lo) <= x as f32 <= f32_up(hi)`, because rounding is monotone and the bounds are
+/// representable: the index never misses a fence, and may add one whose envelope is within an
+/// `f32` ulp (about a metre at most) of the point, which the exact test then rejects.
+#[inline(always)]
+fn f32_point(lon: f64, lat: f64) -> [f32; 2] {
+    [lon as f32, lat as f32]
+}
+
+/// What an entry's exact test runs on.
+#[derive(Debug, Clone)]
+enum Geom {
+    /// A small polygon part's flat buffer (plain scan, one pointer hop).
+    Flat(Arc<[f64]>),
+    /// A large polygon part (edge grid).
+    Part(Arc<PolyPart>),
+    /// A circle (any of its envelopes): tested through the fence.
+    Circle(Arc<Fence>),
+}
+
+impl PartialEq for Entry {
+    /// Identity for removal: the same slot's same envelope.
+    fn eq(&self, other: &Entry) -> bool {
+        self.idx == other.idx && self.part == other.part && self.env == other.env
+    }
+}
+
+impl RTreeObject for Entry {
+    type Envelope = AABB<[f32; 2]>;
+    fn envelope(&self) -> Self::Envelope {
+        self.env
+    }
+}
+
+#[derive(Clone)]
+struct Slot {
+    fence: Arc<Fence>,
+    entries: Vec<Entry>,
+}
+
+/// The set of fences with an R-tree over their envelopes.
+#[derive(Clone, Default)]
+pub struct FenceIndex {
+    slots: Vec<Option<Slot>>,
+    free: Vec<u32>,
+    by_id: HashMap<Arc<str>, u32>,
+    tree: RTree<Entry, Params>,
+}
+
+impl fmt::Debug for FenceIndex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The tree itself would print every envelope; the size says what matters.
+        f.debug_struct("FenceIndex")
+            .field("fences", &self.by_id.len())
+            .field("envelopes", &self.tree.size())
+            .field("slots", &self.slots.len())
+            .finish()
+    }
+}
+
+fn entries_of(fence: &Arc<Fence>, idx: u32) -> Vec<Entry> {
+    let envs = fence.envelopes();
+    let multi = envs.len() > 1;
+    let parts: &[Arc<PolyPart>] = match &fence.shape {
+        Shape::Polygons { parts, .. } => parts,
+        Shape::Circle(_) => &[],
+    };
+    envs.into_iter()
+        .enumerate()
+        .map(|(i, e)| Entry {
+            env: AABB::from_corners(
+                [f32_down(e[0]), f32_down(e[1])],
+                [f32_up(e[2]), f32_up(e[3])],
+            ),
+            idx,
+            part: i as u32,
+            multi,
+            geom: match parts.get(i) {
+                Some(p) => match p.plain_flat() {
+                    Some(flat) => Geom::Flat(flat.clone()),
+                    None => Geom::Part(p.clone()),
+                },
+                None => Geom::Circle(fence.clone()),
+            },
+        })
+        .collect()
+}
+
+impl FenceIndex {
+    /// An empty index.
+    pub fn new() -> FenceIndex {
+        FenceIndex::default()
+    }
+
+    /// Builds an index from many fences at once (warm start, bulk load): the R-tree is
+    /// packed by rstar's bulk loader, which gives a better tree than one insert per fence.
+    /// Later fences replace earlier ones with the same id. Idx are assigned in order.
+    pub fn from_fences(fences: impl IntoIterator<Item = Arc<Fence>>) -> FenceIndex {
+        let mut ix = FenceIndex::new();
+        for fence in fences {
+            let idx = match ix.by_id.get(&fence.id) {
+                Some(&i) => i,
+                None => {
+                    ix.slots.push(None);
+                    (ix.slots.len() - 1) as u32
+                }
+            };
+            let entries = entries_of(&fence, idx);
+            ix.by_id.insert(fence.id.clone(), idx);
+            ix.slots[idx as usize] = Some(Slot { fence, entries });
+        }
+        let all: Vec<Entry> = ix
+            .slots
+            .iter()
+            .flatten()
+            .flat_map(|s| s.entries.iter().cloned())
+            .collect();
+        ix.tree = RTree::bulk_load_with_params(all);
+        ix
+    }
+
+    /// Inserts or replaces (same id keeps its idx); returns the idx and the replaced fence.
+    pub fn upsert(&mut self, fence: Arc<Fence>) -> (FenceIdx, Option<Arc<Fence>>) {
+        let idx = match self.by_id.get(&fence.id) {
+            Some(&i) => i,
+            None => match self.free.pop() {
+                Some(i) => i,
+                None => {
+                    self.slots.push(None);
+                    (self.slots.len() - 1) as u32
+                }
+            },
+        };
+        let old = self.slots[idx as usize].take().map(|slot| {
+            for e in &slot.entries {
+                self.tree.remove(e);
+            }
+            slot.fence
+        });
+        let entries = entries_of(&fence, idx);
+        for e in &entries {
+            self.tree.insert(e.clone());
+        }
+        self.by_id.insert(fence.id.clone(), idx);
+        self.slots[idx as usize] = Some(Slot { fence, entries });
+        (FenceIdx(idx), old)
+    }
+
+    /// Removes a fence by id.
+    pub fn remove(&mut self, id: &str) -> Option<(FenceIdx, Arc<Fence>)> {
+        let idx = self.by_id.remove(id)?;
+        let slot = self.slots.get_mut(idx as usize)?.take()?;
+        for e in &slot.entries {
+            self.tree.remove(e);
+        }
+        self.free.push(idx);
+        Some((FenceIdx(idx), slot.fence))
+    }
+
+    /// The fence at `idx`.
+    pub fn get(&self, idx: FenceIdx) -> Option<&Arc<Fence>> {
+        self.slots
+            .get(idx.0 as usize)
+            .and_then(|s| s.as_ref())
+            .map(|s| &s.fence)
+    }
+
+    /// The idx of fence `id`.
+    pub fn idx_of(&self, id: &str) -> Option<FenceIdx> {
+        self.by_id.get(id).map(|&i| FenceIdx(i))
+    }
+
+    /// Number of fences.
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    /// Whether there are no fences.
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+
+    /// Every fence with its idx, in idx order.
+    pub fn iter(&self) -> impl Iterator<Item = (FenceIdx, &Arc<Fence>)> + '_ {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().map(|s| (FenceIdx(i as u32), &s.fence)))
+    }
+
+    /// Number of envelopes in the R-tree (one per polygon part; one or two per circle).
+    pub fn envelope_count(&self) -> usize {
+        self.tree.size()
+    }
+
+    /// Appends fences whose envelope contains (lon, lat); no exact test. Each fence appears at
+    /// most once per call, in no particular order. Longitudes ±180 are the same meridian.
+    pub fn candidates(&self, lon: f64, lat: f64, out: &mut Vec<FenceIdx>) {
+        let start = out.len();
+        self.collect(lon, lat, start, out);
+        if lon.abs() == 180.0 {
+            self.collect(-lon, lat, start, out);
+            // The second pass may repeat any fence touching both sides of the meridian.
+            let mut i = start;
+            while i < out.len() {
+                if out[start..i].contains(&out[i]) {
+                    out.remove(i);
+                } else {
+                    i += 1;
+                }
+            }
+        }
+    }
+
+    fn collect(&self, lon: f64, lat: f64, start: usize, out: &mut Vec<FenceIdx>) {
+        let _ = self.tree.locate_in_envelope_intersecting_int(
+            AABB::from_point(f32_point(lon, lat)),
+            |e| {
+                let idx = FenceIdx(e.idx);
+                // Only multi-envelope fences can repeat; they are rare, the scan is short.
+                if !(e.multi && out[start..].contains(&idx)) {
+                    out.push(idx);
+                }
+                std::ops::ControlFlow::<()>::Continue(())
+            },
+        );
+    }
+
+    /// Appends fences that contain (lon, lat) (candidates + exact boundary-inclusive test),
+    /// each at most once. One R-tree traversal: each envelope hit is tested against just the
+    /// polygon part it bounds.
+    pub fn containing(&self, lon: f64, lat: f64, out: &mut Vec<FenceIdx>) {
+        let start = out.len();
+        self.contain_pass(lon, lat, start, false, out);
+        if lon.abs() == 180.0 {
+            self.contain_pass(-lon, lat, start, true, out);
+        }
+    }
+
+    fn contain_pass(
+        &self,
+        lon: f64,
+        lat: f64,
+        start: usize,
+        second: bool,
+        out: &mut Vec<FenceIdx>,
+    ) {
+        let _ = self.tree.locate_in_envelope_intersecting_int(
+            AABB::from_point(f32_point(lon, lat)),
+            |e| {
+                let idx = FenceIdx(e.idx);
+                let seen = (e.multi || second) && out[start..].contains(&idx);
+                let hit = !seen
+                    && match &e.geom {
+                        Geom::Flat(flat) => contains_flat(flat, lon, lat),
+                        Geom::Part(p) => p.contains(lon, lat),
+                        Geom::Circle(f) => f.contains_piece(0, lon, lat),
+                    };
+                if hit {
+                    out.push(idx);
+                }
+                std::ops::ControlFlow::<()>::Continue(())
+            },
+        );
+    }
+}

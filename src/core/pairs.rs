@@ -1,0 +1,454 @@
+//! The device-fence pair record and its state machine (DESIGN section 3).
+//!
+//! A [`Pair`] exists while a (device, fence) pair has state worth keeping: a pending ENTER run, or
+//! an open visit (INSIDE, possibly with a pending EXIT run). A pair with neither is dropped by the
+//! engine, so the number of records tracks devices near or inside fences, not devices times fences.
+//!
+//! Time model. The pair sees two kinds of input, always in event-time order per device:
+//! - fixes ([`Pair::on_fix`]), classified geometrically by the engine, and
+//! - *internal events* with a time of their own: dwell deadlines `entered_at + D` and the expiry of
+//!   a pending confirmation run at `vote_last + confirm_within`. [`Pair::catch_up`] processes those
+//!   with time **strictly before** a bound: before a fix at `ts` the bound is `ts` (so a fix at
+//!   exactly a deadline is applied first and counts for it), and on a watermark advance the bound is
+//!   `W` (a fix at `ts == W` is not late, so time `W` itself is not final yet).
+//!
+//! Dwell rule, per threshold `j` of a visit (bit `j` of the masks):
+//! - it is *evaluated* once time passes its deadline `d_j`; evaluation snapshots whether the device
+//!   was STALE at `d_j` (its latest applied fix, any fence, older than `stale_after`). At that moment
+//!   every fix `<= d_j` of the device has been applied and none later, so `last_applied` is exactly
+//!   "the latest fix at or before `d_j`".
+//! - it *fires* (at = `d_j`) once evaluated, not yet fired, not STALE (or released by a later fix
+//!   that does not count as outside), and not held by a pending EXIT run whose first outside fix is
+//!   `<= d_j`. An EXIT ends the visit and with it every unfired threshold.
+//! - during a pending ENTER run (`enter_confirm > 1`) deadlines are evaluated tentatively from the
+//!   run's first fix, so that a late confirmation fires the thresholds it has already passed with
+//!   the staleness they had at their deadline.
+
+use crate::core::fences::FenceIdx;
+use crate::core::fences::FenceSettings;
+use crate::core::time::{Dur, Ts};
+
+/// How one fix relates to one fence, as classified by the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FixClass {
+    /// Inside the fence (boundary inclusive).
+    Inside,
+    /// Outside the fence but within its `exit_buffer_m`: outside for ENTER, inside for EXIT.
+    Buffer,
+    /// Outside the fence and beyond its exit buffer.
+    Outside,
+}
+
+/// What a pair asks the engine to publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PairOutput {
+    /// ENTER of the visit starting at `entered_at`.
+    Enter {
+        /// First inside fix of the confirmed run.
+        entered_at: Ts,
+    },
+    /// EXIT at `at` of the visit starting at `entered_at`.
+    Exit {
+        /// Visit start.
+        entered_at: Ts,
+        /// First outside fix of the confirmed run.
+        at: Ts,
+    },
+    /// DWELL of `threshold` for the visit starting at `entered_at`.
+    Dwell {
+        /// Visit start.
+        entered_at: Ts,
+        /// The threshold reached.
+        threshold: Dur,
+    },
+}
+
+/// Whether a pair still holds state after a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Alive {
+    /// Keep the record.
+    Yes,
+    /// The record holds nothing any more (OUTSIDE, no pending run): drop it.
+    No,
+}
+
+/// A device-fence pair record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pair {
+    /// Owning device (engine slot).
+    pub device: u32,
+    /// The fence.
+    pub fence: FenceIdx,
+    /// Generation of this record's timer: a wheel entry is live only while it carries this value.
+    pub timer_gen: u32,
+    /// The tick the live wheel entry is due at, if one is outstanding.
+    pub timer_due: Option<u64>,
+    /// Visit start while INSIDE; the pending ENTER run's first fix while OUTSIDE.
+    entered_at: Ts,
+    /// First and last fix of the pending run (ENTER run when OUTSIDE, EXIT run when INSIDE).
+    vote_first: Ts,
+    vote_last: Ts,
+    /// Length of the pending run; 0 = none.
+    votes: u8,
+    /// Whether a visit is open.
+    inside: bool,
+    /// Thresholds `0..evaluated` have had their deadline pass.
+    evaluated: u8,
+    /// Thresholds already emitted in this visit.
+    fired: u16,
+    /// Evaluated thresholds that were STALE at their deadline and not yet released by a fix.
+    stale: u16,
+}
+
+/// A read-only view of a pair's state, for APIs and tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PairView {
+    /// `"inside"`, `"entering"` (pending ENTER run) or `"inside"` with `exit_votes > 0`.
+    pub inside: bool,
+    /// Visit start (or pending run start when not inside).
+    pub entered_at: Ts,
+    /// Length of the pending run (ENTER run when outside, EXIT run when inside).
+    pub votes: u8,
+    /// Thresholds emitted in this visit.
+    pub fired: Vec<Dur>,
+    /// Thresholds whose deadline passed while the device was STALE and still wait for a fix.
+    pub waiting_stale: Vec<Dur>,
+    /// The next internal event time (deadline or run expiry), if any.
+    pub next_due: Option<Ts>,
+}
+
+impl Pair {
+    /// A pair that has just seen its first inside fix at `ts`. Emits ENTER at once when
+    /// `enter_confirm <= 1`.
+    pub fn start(
+        device: u32,
+        fence: FenceIdx,
+        s: &FenceSettings,
+        ts: Ts,
+        out: &mut impl FnMut(PairOutput),
+    ) -> Pair {
+        let mut p = Pair {
+            device,
+            fence,
+            timer_gen: 0,
+            timer_due: None,
+            entered_at: ts,
+            vote_first: ts,
+            vote_last: ts,
+            votes: 1,
+            inside: false,
+            evaluated: 0,
+            fired: 0,
+            stale: 0,
+        };
+        if p.votes >= s.enter_confirm.max(1) {
+            p.confirm_enter(s, out);
+        }
+        p
+    }
+
+    /// Whether a visit is open.
+    pub fn is_inside(&self) -> bool {
+        self.inside
+    }
+
+    /// Visit start (or pending ENTER run start).
+    pub fn entered_at(&self) -> Ts {
+        self.entered_at
+    }
+
+    fn deadline(&self, s: &FenceSettings, j: usize) -> Ts {
+        self.entered_at.add(s.dwell[j])
+    }
+
+    fn expiry(&self, s: &FenceSettings) -> Option<Ts> {
+        (self.votes > 0).then(|| self.vote_last.add(s.confirm_within))
+    }
+
+    fn next_deadline(&self, s: &FenceSettings) -> Option<Ts> {
+        let j = self.evaluated as usize;
+        (j < s.dwell.len()).then(|| self.deadline(s, j))
+    }
+
+    /// The time of the next internal event (deadline or run expiry). It is processed once the
+    /// bound passes it, so the wheel should fire at the first tick ending after it.
+    pub fn next_internal(&self, s: &FenceSettings) -> Option<Ts> {
+        match (self.next_deadline(s), self.expiry(s)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Processes internal events with time strictly before `bound`, in time order.
+    /// `last_applied` is the device's latest applied fix time.
+    pub fn catch_up(
+        &mut self,
+        s: &FenceSettings,
+        bound: Ts,
+        last_applied: Option<Ts>,
+        out: &mut impl FnMut(PairOutput),
+    ) -> Alive {
+        loop {
+            let d = self.next_deadline(s).filter(|&d| d < bound);
+            let e = self.expiry(s).filter(|&e| e < bound);
+            match (d, e) {
+                // A deadline at the same instant as a run expiry is evaluated first: at that
+                // instant the run is still valid (a gap equal to confirm_within counts).
+                (Some(d), None) => self.evaluate(s, d, last_applied, out),
+                (Some(d), Some(e)) if d <= e => self.evaluate(s, d, last_applied, out),
+                (_, Some(_)) => {
+                    // The pending run expired: no confirming fix came within confirm_within.
+                    self.votes = 0;
+                    if !self.inside {
+                        return Alive::No;
+                    }
+                    self.try_fire(s, out);
+                }
+                (None, None) => return Alive::Yes,
+            }
+        }
+    }
+
+    /// Evaluates the next threshold at its deadline `d`: snapshot staleness, then fire if free.
+    fn evaluate(
+        &mut self,
+        s: &FenceSettings,
+        d: Ts,
+        last_applied: Option<Ts>,
+        out: &mut impl FnMut(PairOutput),
+    ) {
+        debug_assert!(
+            last_applied.is_none_or(|l| l <= d),
+            "a fix after a deadline was applied before the deadline was evaluated"
+        );
+        let stale = match (s.stale_after, last_applied) {
+            (Some(limit), Some(last)) => d.since(last) > limit,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        if stale {
+            self.stale |= 1 << self.evaluated;
+        }
+        self.evaluated += 1;
+        self.try_fire(s, out);
+    }
+
+    /// Applies one fix at `ts` (after [`Pair::catch_up`] to `ts`). Fixes ignored for this fence
+    /// (accuracy filter) must not be passed here.
+    pub fn on_fix(
+        &mut self,
+        s: &FenceSettings,
+        ts: Ts,
+        class: FixClass,
+        out: &mut impl FnMut(PairOutput),
+    ) -> Alive {
+        if self.inside {
+            if class == FixClass::Outside {
+                self.vote(ts);
+                if self.votes >= s.exit_confirm.max(1) {
+                    // Thresholds still unfired die with the visit: a STALE one waited for a fix that
+                    // does not count as outside, and one held by this run had its deadline after
+                    // the EXIT time.
+                    out(PairOutput::Exit {
+                        entered_at: self.entered_at,
+                        at: self.vote_first,
+                    });
+                    self.inside = false;
+                    self.votes = 0;
+                    return Alive::No;
+                }
+            } else {
+                // Inside, or within the exit buffer: breaks an EXIT run and releases every
+                // threshold that was waiting because the device was STALE at its deadline.
+                self.votes = 0;
+                self.stale = 0;
+                self.try_fire(s, out);
+            }
+            Alive::Yes
+        } else if class == FixClass::Inside {
+            self.vote(ts);
+            if self.votes == 1 {
+                // A fresh run: its first fix is the tentative visit start.
+                self.entered_at = ts;
+                self.evaluated = 0;
+                self.fired = 0;
+            }
+            // Like an inside fix of an open visit, a later fix of the run releases tentative
+            // thresholds that were STALE at their deadline.
+            self.stale = 0;
+            if self.votes >= s.enter_confirm.max(1) {
+                self.confirm_enter(s, out);
+            }
+            Alive::Yes
+        } else {
+            // An outside fix breaks a pending ENTER run.
+            self.votes = 0;
+            Alive::No
+        }
+    }
+
+    fn vote(&mut self, ts: Ts) {
+        if self.votes == 0 {
+            self.vote_first = ts;
+        }
+        self.votes = self.votes.saturating_add(1);
+        self.vote_last = ts;
+    }
+
+    fn confirm_enter(&mut self, s: &FenceSettings, out: &mut impl FnMut(PairOutput)) {
+        self.inside = true;
+        self.votes = 0;
+        self.entered_at = self.vote_first;
+        out(PairOutput::Enter {
+            entered_at: self.entered_at,
+        });
+        self.try_fire(s, out);
+    }
+
+    /// Emits every evaluated, unfired threshold that nothing holds back.
+    fn try_fire(&mut self, s: &FenceSettings, out: &mut impl FnMut(PairOutput)) {
+        if !self.inside {
+            return;
+        }
+        for j in 0..self.evaluated as usize {
+            let bit = 1u16 << j;
+            if self.fired & bit != 0 || self.stale & bit != 0 {
+                continue;
+            }
+            if self.votes > 0 && self.vote_first <= self.deadline(s, j) {
+                continue;
+            }
+            self.fired |= bit;
+            out(PairOutput::Dwell {
+                entered_at: self.entered_at,
+                threshold: s.dwell[j],
+            });
+        }
+    }
+
+    /// Re-maps per-threshold state after the fence's thresholds changed from `old` to `new`.
+    /// Thresholds present in both keep their state. A new threshold whose deadline already passed
+    /// (before the old evaluated ones, or before `last_applied`, the device's latest fix) counts
+    /// as evaluated and not STALE: it fires at the next step unless a pending run holds it.
+    pub fn remap_thresholds(
+        &mut self,
+        old: &[Dur],
+        s: &FenceSettings,
+        last_applied: Option<Ts>,
+        out: &mut impl FnMut(PairOutput),
+    ) {
+        let new = &s.dwell;
+        let passed = old
+            .get(..self.evaluated as usize)
+            .and_then(|e| e.last().copied());
+        let (mut fired, mut stale, mut evaluated) = (0u16, 0u16, 0u8);
+        for (j, d) in new.iter().enumerate() {
+            let deadline = self.entered_at.add(*d);
+            if passed.is_some_and(|p| *d <= p) || last_applied.is_some_and(|l| deadline < l) {
+                evaluated = j as u8 + 1;
+                if let Some(i) = old.iter().position(|o| o == d) {
+                    fired |= ((self.fired >> i) & 1) << j;
+                    stale |= ((self.stale >> i) & 1) << j;
+                }
+            }
+        }
+        self.fired = fired;
+        self.stale = stale;
+        self.evaluated = evaluated;
+        self.try_fire(s, out);
+    }
+
+    /// A snapshot for APIs and tests.
+    pub fn view(&self, s: &FenceSettings) -> PairView {
+        let pick = |mask: u16| {
+            s.dwell
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| mask & (1 << j) != 0)
+                .map(|(_, d)| *d)
+                .collect()
+        };
+        PairView {
+            inside: self.inside,
+            entered_at: self.entered_at,
+            votes: self.votes,
+            fired: pick(self.fired),
+            waiting_stale: pick(self.stale & !self.fired),
+            next_due: self.next_internal(s),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(dwell: &[i64]) -> FenceSettings {
+        FenceSettings {
+            dwell: dwell.iter().map(|s| Dur::from_secs(*s)).collect(),
+            exit_buffer_m: 0.0,
+            enter_confirm: 1,
+            exit_confirm: 1,
+            confirm_within: Dur::from_mins(5),
+            stale_after: Some(Dur::from_mins(15)),
+            max_accuracy_m: None,
+            tags: serde_json::json!({}),
+        }
+    }
+
+    fn run(p: &mut Pair, s: &FenceSettings, steps: &[(i64, Option<FixClass>)]) -> Vec<PairOutput> {
+        let mut out = Vec::new();
+        let mut last = Some(p.entered_at);
+        for &(t, class) in steps {
+            let ts = Ts(t * 1000);
+            p.catch_up(s, ts, last, &mut |o| out.push(o));
+            if let Some(c) = class {
+                last = Some(ts);
+                p.on_fix(s, ts, c, &mut |o| out.push(o));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn enter_then_dwell_then_exit() {
+        let s = settings(&[60]);
+        let mut out = Vec::new();
+        let mut p = Pair::start(0, FenceIdx(0), &s, Ts(0), &mut |o| out.push(o));
+        assert_eq!(out, vec![PairOutput::Enter { entered_at: Ts(0) }]);
+        let got = run(&mut p, &s, &[(30, Some(FixClass::Inside)), (61, None), (90, Some(FixClass::Outside))]);
+        assert_eq!(
+            got,
+            vec![
+                PairOutput::Dwell { entered_at: Ts(0), threshold: Dur::from_secs(60) },
+                PairOutput::Exit { entered_at: Ts(0), at: Ts(90_000) },
+            ]
+        );
+    }
+
+    #[test]
+    fn remap_keeps_fired_state_of_unchanged_thresholds() {
+        let s = settings(&[60, 120]);
+        let mut out = Vec::new();
+        let mut p = Pair::start(0, FenceIdx(0), &s, Ts(0), &mut |o| out.push(o));
+        run(&mut p, &s, &[(61, Some(FixClass::Inside))]);
+        assert_eq!(p.fired, 0b1);
+        let s2 = FenceSettings {
+            dwell: vec![Dur::from_secs(30), Dur::from_secs(60)],
+            ..s.clone()
+        };
+        let got = run_remap(&mut p, &s, &s2);
+        assert_eq!((p.evaluated, p.fired), (2, 0b11));
+        assert_eq!(
+            got,
+            vec![PairOutput::Dwell { entered_at: Ts(0), threshold: Dur::from_secs(30) }],
+            "only the new, already passed threshold fires"
+        );
+    }
+
+    fn run_remap(p: &mut Pair, old: &FenceSettings, new: &FenceSettings) -> Vec<PairOutput> {
+        let mut out = Vec::new();
+        p.remap_thresholds(&old.dwell, new, Some(Ts(61_000)), &mut |o| out.push(o));
+        out
+    }
+}
