@@ -279,10 +279,11 @@ fn main() {
         .unwrap_or(1_000_000)
         .max(100);
     let limits = FenceLimits::default();
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    // One PRNG stream per data set, so the fences do not depend on the number of fixes.
+    let stream = |k: u64| Rng(0x9E37_79B9_7F4A_7C15 ^ k.wrapping_mul(0xD1B5_4A32_D192_ED03));
 
-    let small = small_fences(&mut rng, 10_000);
-    let sfix = small_fixes(&mut rng, fixes_n, &small);
+    let small = small_fences(&mut stream(1), 10_000);
+    let sfix = small_fixes(&mut stream(2), fixes_n, &small);
     let small_n = small.len();
     let small_vertices: usize = small
         .iter()
@@ -291,8 +292,8 @@ fn main() {
     let (sidx, sidx_inc, s_validate, s_insert, s_bulk, s_bytes) =
         build(&limits, small.into_iter().map(|f| (f.0, f.1)).collect());
 
-    let large = large_fences(&mut rng, 300);
-    let lfix = large_fixes(&mut rng, fixes_n, &large);
+    let large = large_fences(&mut stream(3), 300);
+    let lfix = large_fixes(&mut stream(4), fixes_n, &large);
     let large_n = large.len();
     let large_vertices: usize = large.iter().map(|f| f.1[0].len()).sum();
     let (lidx, _lidx_inc, l_validate, l_insert, l_bulk, l_bytes) = build(&limits, large);

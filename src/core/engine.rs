@@ -68,7 +68,9 @@ pub enum Ingested {
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum IngestError {
     /// The device already holds the maximum number of fixes waiting for the watermark.
-    #[error("device {device:?} has {max} fixes waiting for the watermark; slow down or lower lateness")]
+    #[error(
+        "device {device:?} has {max} fixes waiting for the watermark; slow down or lower lateness"
+    )]
     BufferFull {
         /// The device.
         device: Arc<str>,
@@ -231,9 +233,12 @@ impl Engine {
                 for &p in &self.devices[d].pairs {
                     let pair = &mut self.pairs[p as usize];
                     if pair.fence == idx {
-                        pair.remap_thresholds(&old.settings.dwell, &fence.settings, last, &mut |o| {
-                            out.push(to_event(o, &dev_id, &fence))
-                        });
+                        pair.remap_thresholds(
+                            &old.settings.dwell,
+                            &fence.settings,
+                            last,
+                            &mut |o| out.push(to_event(o, &dev_id, &fence)),
+                        );
                         touched = true;
                     }
                 }
@@ -266,7 +271,12 @@ impl Engine {
 
     /// Takes one fix that arrived when the watermark was `w`. The engine first advances to `w`
     /// (events go to `out`), then classifies the fix, buffers it, and applies it at once if `ts <= W`.
-    pub fn ingest(&mut self, fix: &Fix, w: Ts, out: &mut Vec<Event>) -> Result<Ingested, IngestError> {
+    pub fn ingest(
+        &mut self,
+        fix: &Fix,
+        w: Ts,
+        out: &mut Vec<Event>,
+    ) -> Result<Ingested, IngestError> {
         self.advance(w, out);
         let w = self.watermark.unwrap_or(w);
         if fix.ts < w {
@@ -460,9 +470,7 @@ impl Engine {
         dev.last_applied = Some(b.ts);
         dev.last_position = Some((b.lat, b.lon));
         let dev_id = dev.id.clone();
-        let ignored = |f: &Fence| {
-            matches!((b.accuracy, f.settings.max_accuracy_m), (Some(a), Some(max)) if a > max)
-        };
+        let ignored = |f: &Fence| matches!((b.accuracy, f.settings.max_accuracy_m), (Some(a), Some(max)) if a > max);
 
         let mut i = 0;
         while i < self.devices[d as usize].pairs.len() {
@@ -497,7 +505,9 @@ impl Engine {
             if has_pair {
                 continue;
             }
-            let Some(fence) = self.fences.get(idx) else { continue };
+            let Some(fence) = self.fences.get(idx) else {
+                continue;
+            };
             if ignored(fence) || !fence.contains(b.lon, b.lat) {
                 continue;
             }
@@ -540,12 +550,14 @@ impl Engine {
 
     fn resched_pair(&mut self, slot: u32) {
         let pair = &mut self.pairs[slot as usize];
-        let Some(fence) = self.fences.get(pair.fence) else { return };
+        let Some(fence) = self.fences.get(pair.fence) else {
+            return;
+        };
         // An internal event at t is processed once the bound passes t, so wake at the first tick
         // ending at or after t + 1 ms.
         let due = pair
             .next_internal(&fence.settings)
-            .map(|t| self.clock.deadline_tick(t.add(Dur(1))).0);
+            .map(|t| self.clock.deadline_tick(t.plus(Dur(1))).0);
         if due == pair.timer_due {
             return;
         }

@@ -150,7 +150,12 @@ pub struct Event {
 
 impl Event {
     /// An ENTER of the visit starting at `entered_at`.
-    pub fn enter(device: &Arc<str>, fence: &Arc<str>, entered_at: Ts, tags: &serde_json::Value) -> Event {
+    pub fn enter(
+        device: &Arc<str>,
+        fence: &Arc<str>,
+        entered_at: Ts,
+        tags: &serde_json::Value,
+    ) -> Event {
         Event {
             seq: 0,
             id: EventId::derive(EventKind::Enter, device, fence, entered_at, 0),
@@ -199,11 +204,17 @@ impl Event {
     ) -> Event {
         Event {
             seq: 0,
-            id: EventId::derive(EventKind::Dwell, device, fence, entered_at, threshold.millis()),
+            id: EventId::derive(
+                EventKind::Dwell,
+                device,
+                fence,
+                entered_at,
+                threshold.millis(),
+            ),
             kind: EventKind::Dwell,
             device: device.clone(),
             fence: fence.clone(),
-            at: entered_at.add(threshold),
+            at: entered_at.plus(threshold),
             entered_at,
             dwell_s: Some(Secs(threshold)),
             duration_s: None,
@@ -223,9 +234,18 @@ mod tests {
         let f: Arc<str> = Arc::from("depot-3");
         let tags = serde_json::json!({});
         let a = Event::dwell(&d, &f, Ts(1000), Dur::from_mins(10), &tags);
-        let b = Event::dwell(&d, &f, Ts(1000), Dur::from_mins(10), &serde_json::json!({"x": 1}));
+        let b = Event::dwell(
+            &d,
+            &f,
+            Ts(1000),
+            Dur::from_mins(10),
+            &serde_json::json!({"x": 1}),
+        );
         assert_eq!(a.id, b.id);
-        assert_ne!(a.id, Event::dwell(&d, &f, Ts(1000), Dur::from_mins(11), &tags).id);
+        assert_ne!(
+            a.id,
+            Event::dwell(&d, &f, Ts(1000), Dur::from_mins(11), &tags).id
+        );
         assert_ne!(a.id, Event::enter(&d, &f, Ts(1000), &tags).id);
         // Length prefixes keep ("ab","c") and ("a","bc") apart.
         let x = EventId::derive(EventKind::Enter, "ab", "c", Ts(0), 0);

@@ -115,15 +115,31 @@ mod tests {
 
     #[test]
     fn rejects_each_bad_field() {
-        let ok = |d: &str, lat: f64, lon: f64, acc: Option<f64>| Fix::new(d, Ts(0), lat, lon, acc, 8);
+        let ok =
+            |d: &str, lat: f64, lon: f64, acc: Option<f64>| Fix::new(d, Ts(0), lat, lon, acc, 8);
         assert!(ok("a", 1.0, 2.0, Some(5.0)).is_ok());
         assert_eq!(ok("", 0.0, 0.0, None), Err(FixError::EmptyDevice));
-        assert!(matches!(ok("123456789", 0.0, 0.0, None), Err(FixError::DeviceTooLong { len: 9, max: 8 })));
+        assert!(matches!(
+            ok("123456789", 0.0, 0.0, None),
+            Err(FixError::DeviceTooLong { len: 9, max: 8 })
+        ));
         assert_eq!(ok("a\n", 0.0, 0.0, None), Err(FixError::DeviceControlChars));
-        assert!(matches!(ok("a", f64::NAN, 0.0, None), Err(FixError::BadLat(_))));
+        assert!(matches!(
+            ok("a", f64::NAN, 0.0, None),
+            Err(FixError::BadLat(_))
+        ));
         assert!(matches!(ok("a", 91.0, 0.0, None), Err(FixError::BadLat(_))));
-        assert!(matches!(ok("a", 0.0, f64::INFINITY, None), Err(FixError::BadLon(_))));
-        assert!(matches!(ok("a", 0.0, -180.5, None), Err(FixError::BadLon(_))));
-        assert!(matches!(ok("a", 0.0, 0.0, Some(-1.0)), Err(FixError::BadAccuracy(_))));
+        assert!(matches!(
+            ok("a", 0.0, f64::INFINITY, None),
+            Err(FixError::BadLon(_))
+        ));
+        assert!(matches!(
+            ok("a", 0.0, -180.5, None),
+            Err(FixError::BadLon(_))
+        ));
+        assert!(matches!(
+            ok("a", 0.0, 0.0, Some(-1.0)),
+            Err(FixError::BadAccuracy(_))
+        ));
     }
 }

@@ -158,11 +158,11 @@ impl Pair {
     }
 
     fn deadline(&self, s: &FenceSettings, j: usize) -> Ts {
-        self.entered_at.add(s.dwell[j])
+        self.entered_at.plus(s.dwell[j])
     }
 
     fn expiry(&self, s: &FenceSettings) -> Option<Ts> {
-        (self.votes > 0).then(|| self.vote_last.add(s.confirm_within))
+        (self.votes > 0).then(|| self.vote_last.plus(s.confirm_within))
     }
 
     fn next_deadline(&self, s: &FenceSettings) -> Option<Ts> {
@@ -343,7 +343,7 @@ impl Pair {
             .and_then(|e| e.last().copied());
         let (mut fired, mut stale, mut evaluated) = (0u16, 0u16, 0u8);
         for (j, d) in new.iter().enumerate() {
-            let deadline = self.entered_at.add(*d);
+            let deadline = self.entered_at.plus(*d);
             if passed.is_some_and(|p| *d <= p) || last_applied.is_some_and(|l| deadline < l) {
                 evaluated = j as u8 + 1;
                 if let Some(i) = old.iter().position(|o| o == d) {
@@ -416,12 +416,26 @@ mod tests {
         let mut out = Vec::new();
         let mut p = Pair::start(0, FenceIdx(0), &s, Ts(0), &mut |o| out.push(o));
         assert_eq!(out, vec![PairOutput::Enter { entered_at: Ts(0) }]);
-        let got = run(&mut p, &s, &[(30, Some(FixClass::Inside)), (61, None), (90, Some(FixClass::Outside))]);
+        let got = run(
+            &mut p,
+            &s,
+            &[
+                (30, Some(FixClass::Inside)),
+                (61, None),
+                (90, Some(FixClass::Outside)),
+            ],
+        );
         assert_eq!(
             got,
             vec![
-                PairOutput::Dwell { entered_at: Ts(0), threshold: Dur::from_secs(60) },
-                PairOutput::Exit { entered_at: Ts(0), at: Ts(90_000) },
+                PairOutput::Dwell {
+                    entered_at: Ts(0),
+                    threshold: Dur::from_secs(60)
+                },
+                PairOutput::Exit {
+                    entered_at: Ts(0),
+                    at: Ts(90_000)
+                },
             ]
         );
     }
@@ -441,7 +455,10 @@ mod tests {
         assert_eq!((p.evaluated, p.fired), (2, 0b11));
         assert_eq!(
             got,
-            vec![PairOutput::Dwell { entered_at: Ts(0), threshold: Dur::from_secs(30) }],
+            vec![PairOutput::Dwell {
+                entered_at: Ts(0),
+                threshold: Dur::from_secs(30)
+            }],
             "only the new, already passed threshold fires"
         );
     }

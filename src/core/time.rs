@@ -34,12 +34,12 @@ impl Ts {
     }
 
     /// `self + d`, saturating at [`Ts::MAX`].
-    pub fn add(self, d: Dur) -> Ts {
+    pub fn plus(self, d: Dur) -> Ts {
         Ts(self.0.saturating_add(d.0).min(Ts::MAX.0))
     }
 
     /// `self - d`, saturating at [`Ts::MIN`].
-    pub fn sub(self, d: Dur) -> Ts {
+    pub fn minus(self, d: Dur) -> Ts {
         Ts(self.0.saturating_sub(d.0).max(Ts::MIN.0))
     }
 
@@ -167,7 +167,12 @@ impl Dur {
     /// The shortest of `"250ms"`, `"90s"`, `"10m"`, `"1h"`, `"2d"` that is exact.
     pub fn to_human(self) -> String {
         let ms = self.0;
-        for (unit, size) in [("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)] {
+        for (unit, size) in [
+            ("d", 86_400_000),
+            ("h", 3_600_000),
+            ("m", 60_000),
+            ("s", 1000),
+        ] {
             if ms != 0 && ms % size == 0 {
                 return format!("{}{unit}", ms / size);
             }
@@ -293,7 +298,7 @@ impl EventClock {
 
     /// The current watermark, or `None` before any fix.
     pub fn watermark(&self) -> Option<Ts> {
-        self.max_seen.map(|m| m.sub(self.lateness))
+        self.max_seen.map(|m| m.minus(self.lateness))
     }
 
     /// The largest event time seen.
@@ -304,7 +309,7 @@ impl EventClock {
 
 /// Live-mode watermark: `W = wall_now - lateness`.
 pub fn live_watermark(wall_now: Ts, lateness: Dur) -> Ts {
-    wall_now.sub(lateness)
+    wall_now.minus(lateness)
 }
 
 #[cfg(test)]
@@ -330,7 +335,10 @@ mod tests {
         assert_eq!(Dur::from_mins(10).to_human(), "10m");
         assert_eq!(Dur::from_secs(90).to_human(), "90s");
         assert_eq!(Dur(1500).to_human(), "1500ms");
-        assert_eq!(Dur::parse(&Dur(86_400_000).to_human()).unwrap(), Dur(86_400_000));
+        assert_eq!(
+            Dur::parse(&Dur(86_400_000).to_human()).unwrap(),
+            Dur(86_400_000)
+        );
     }
 
     #[test]

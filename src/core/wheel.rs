@@ -418,7 +418,7 @@ impl Wheel {
 
     /// Schedules `key` at `due`; a due tick `<= now()` fires on the next advance.
     ///
-    /// O(1), allocation-free once the target bucket has reached its working capacity.
+    /// O(1), and allocation-free once the chunk pool has reached its working size.
     #[inline]
     pub fn schedule(&mut self, key: TimerKey, due: Tick) {
         self.len += 1;

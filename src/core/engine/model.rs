@@ -56,12 +56,20 @@ fn fences(rng: &mut Rng) -> Vec<Arc<Fence>> {
     let mut props = || {
         let mut p = serde_json::Map::new();
         let n = rng.below(3) as usize + 1;
-        let dwell: Vec<String> = (0..n).map(|_| rng.pick(&["20s", "45s", "60s", "2m", "5m"]).to_string()).collect();
+        let dwell: Vec<String> = (0..n)
+            .map(|_| rng.pick(&["20s", "45s", "60s", "2m", "5m"]).to_string())
+            .collect();
         p.insert("dwell".into(), serde_json::json!(dwell));
         p.insert("enter_confirm".into(), serde_json::json!(rng.below(3) + 1));
         p.insert("exit_confirm".into(), serde_json::json!(rng.below(3) + 1));
-        p.insert("confirm_within".into(), serde_json::json!(rng.pick(&["30s", "60s", "2m"])));
-        p.insert("stale_after".into(), serde_json::json!(rng.pick(&["off", "40s", "90s", "15m"])));
+        p.insert(
+            "confirm_within".into(),
+            serde_json::json!(rng.pick(&["30s", "60s", "2m"])),
+        );
+        p.insert(
+            "stale_after".into(),
+            serde_json::json!(rng.pick(&["off", "40s", "90s", "15m"])),
+        );
         if rng.below(2) == 0 {
             p.insert("exit_buffer_m".into(), serde_json::json!(30));
         }
@@ -122,7 +130,16 @@ fn trace(rng: &mut Rng, devices: usize, dups: bool) -> Vec<Fix> {
 }
 
 /// An event without `seq` / `emitted_at`, comparable across runs.
-type Key = (EventKind, String, String, i64, i64, Option<i64>, Option<i64>, String);
+type Key = (
+    EventKind,
+    String,
+    String,
+    i64,
+    i64,
+    Option<i64>,
+    Option<i64>,
+    String,
+);
 
 fn key(e: &Event) -> Key {
     (
@@ -158,7 +175,8 @@ fn run_engines(fences: &[Arc<Fence>], arrival: &[Fix], batches: &[usize], run: &
             e.upsert_fence(f.clone(), &mut out);
         }
     }
-    let shard_of = |dev: &str| (xxhash_rust::xxh3::xxh3_64(dev.as_bytes()) % run.shards as u64) as usize;
+    let shard_of =
+        |dev: &str| (xxhash_rust::xxh3::xxh3_64(dev.as_bytes()) % run.shards as u64) as usize;
     let mut max_seen: Option<Ts> = None;
     let mut i = 0;
     let mut b = 0;
@@ -167,18 +185,24 @@ fn run_engines(fences: &[Arc<Fence>], arrival: &[Fix], batches: &[usize], run: &
         b += 1;
         for fix in &arrival[i..(i + n).min(arrival.len())] {
             max_seen = Some(max_seen.map_or(fix.ts, |m| m.max(fix.ts)));
-            let w = max_seen.unwrap().sub(run.lateness);
-            let got = engines[shard_of(&fix.device)].ingest(fix, w, &mut out).unwrap();
-            assert_ne!(got, Ingested::Late, "disorder within lateness is never late");
+            let w = max_seen.unwrap().minus(run.lateness);
+            let got = engines[shard_of(&fix.device)]
+                .ingest(fix, w, &mut out)
+                .unwrap();
+            assert_ne!(
+                got,
+                Ingested::Late,
+                "disorder within lateness is never late"
+            );
         }
         i += n;
-        let w = max_seen.unwrap().sub(run.lateness);
+        let w = max_seen.unwrap().minus(run.lateness);
         for e in &mut engines {
             e.advance(w, &mut out);
         }
     }
     if let Some(m) = max_seen {
-        let w = m.sub(run.lateness);
+        let w = m.minus(run.lateness);
         for e in &mut engines {
             while e.advance(w, &mut out).carried {}
         }
@@ -227,7 +251,8 @@ fn naive_pair(dev: &Arc<str>, fence: &Fence, all: &[&Fix], w_final: Ts, events: 
     let fx: Vec<&Fix> = all.iter().copied().filter(|f| !ignored(f)).collect();
     let in_geom = |f: &Fix| fence.contains(f.lon, f.lat);
     let counts_outside = |f: &Fix| {
-        !in_geom(f) && !(s.exit_buffer_m > 0.0 && fence.distance_m(f.lon, f.lat) <= s.exit_buffer_m)
+        let in_buffer = s.exit_buffer_m > 0.0 && fence.distance_m(f.lon, f.lat) <= s.exit_buffer_m;
+        !in_geom(f) && !in_buffer
     };
 
     // Pass 1: visits, and after each fix the pair's (inside, run) state.
@@ -239,8 +264,16 @@ fn naive_pair(dev: &Arc<str>, fence: &Fence, all: &[&Fix], w_final: Ts, events: 
             run = None;
         }
         let push = |run: Option<Run1>| match run {
-            Some(r) => Run1 { last: f.ts, count: r.count + 1, ..r },
-            None => Run1 { first: f.ts, last: f.ts, count: 1 },
+            Some(r) => Run1 {
+                last: f.ts,
+                count: r.count + 1,
+                ..r
+            },
+            None => Run1 {
+                first: f.ts,
+                last: f.ts,
+                count: 1,
+            },
         };
         if inside {
             if counts_outside(f) {
@@ -258,7 +291,10 @@ fn naive_pair(dev: &Arc<str>, fence: &Fence, all: &[&Fix], w_final: Ts, events: 
         } else if in_geom(f) {
             let r = push(run);
             if r.count >= s.enter_confirm {
-                visits.push(Visit { entered_at: r.first, exit: None });
+                visits.push(Visit {
+                    entered_at: r.first,
+                    exit: None,
+                });
                 inside = true;
                 run = None;
             } else {
@@ -294,7 +330,7 @@ fn dwell_fires(
     w_final: Ts,
     counts_outside: &dyn Fn(&Fix) -> bool,
 ) -> bool {
-    let d = v.entered_at.add(dur);
+    let d = v.entered_at.plus(dur);
     if d >= w_final {
         return false; // the deadline has not passed yet
     }
@@ -309,9 +345,12 @@ fn dwell_fires(
         (Some(_), None) => false,
     };
     // The EXIT run pending at d (only while the visit is confirmed inside at d).
-    let k = fx.iter().rposition(|f| f.ts <= d).expect("the visit's first fix is <= d");
+    let k = fx
+        .iter()
+        .rposition(|f| f.ts <= d)
+        .expect("the visit's first fix is <= d");
     let mut blocking = match after[k] {
-        (true, Some(r)) if d <= r.last.add(s.confirm_within) => Some(r),
+        (true, Some(r)) if d <= r.last.plus(s.confirm_within) => Some(r),
         _ => None,
     };
     if blocking.is_none() && released {
@@ -340,7 +379,7 @@ fn dwell_fires(
         }
     }
     if let Some(r) = blocking
-        && w_final > r.last.add(s.confirm_within)
+        && w_final > r.last.plus(s.confirm_within)
     {
         return released;
     }
@@ -367,7 +406,7 @@ proptest! {
         // reorder buffer together, i.e. with lateness > 0 (docs/semantics.md).
         let mut fixes = trace(&mut rng, devices, lateness_s > 0);
         fixes.sort_by(|a, b| a.order(b));
-        let w_final = fixes.iter().map(|f| f.ts).max().unwrap().sub(lateness);
+        let w_final = fixes.iter().map(|f| f.ts).max().unwrap().minus(lateness);
 
         let expected = naive(&fences, &fixes, w_final);
         let in_order = run_engines(&fences, &fixes, &[fixes.len()], &Run {

@@ -63,7 +63,7 @@ impl H {
     fn fix_acc(&mut self, dev: &str, secs: i64, p: (f64, f64), accuracy: Option<f64>) -> Ingested {
         let fix = Fix::new(dev, ts(secs), p.1, p.0, accuracy, 64).unwrap();
         self.max_seen = Some(self.max_seen.map_or(fix.ts, |m| m.max(fix.ts)));
-        let w = self.max_seen.unwrap().sub(self.lateness);
+        let w = self.max_seen.unwrap().minus(self.lateness);
         self.e.ingest(&fix, w, &mut self.out).unwrap()
     }
 
@@ -100,11 +100,23 @@ fn enter_dwell_exit_in_event_time() {
     assert_eq!(h.take(), vec![(Enter, 0, 0)]);
     h.fix(300, IN);
     h.w(600);
-    assert_eq!(h.take(), vec![], "DWELL waits until W has passed the deadline");
+    assert_eq!(
+        h.take(),
+        vec![],
+        "DWELL waits until W has passed the deadline"
+    );
     h.w(601);
-    assert_eq!(h.take(), vec![(Dwell, 600, 600)], "at is the deadline exactly");
+    assert_eq!(
+        h.take(),
+        vec![(Dwell, 600, 600)],
+        "at is the deadline exactly"
+    );
     h.fix(700, FAR);
-    assert_eq!(h.take(), vec![(Exit, 700, 700)], "EXIT carries the visit duration");
+    assert_eq!(
+        h.take(),
+        vec![(Exit, 700, 700)],
+        "EXIT carries the visit duration"
+    );
 }
 
 #[test]
@@ -120,7 +132,7 @@ fn dwell_fires_within_one_tick_of_the_watermark_passing() {
     h.fix(0, IN);
     h.take();
     // The deadline is 90 s after a whole second; W at 90.5 s completes no tick past it yet...
-    h.e.advance(ts(90).add(Dur(500)), &mut h.out);
+    h.e.advance(ts(90).plus(Dur(500)), &mut h.out);
     assert_eq!(h.take(), vec![]);
     // ...and one tick later it must have fired.
     h.w(91);
@@ -134,7 +146,10 @@ fn each_threshold_fires_once_per_visit_and_reentry_restarts() {
     h.w(4000);
     h.fix(4000, IN);
     h.w(5000);
-    assert_eq!(h.take(), vec![(Enter, 0, 0), (Dwell, 600, 600), (Dwell, 3600, 3600)]);
+    assert_eq!(
+        h.take(),
+        vec![(Enter, 0, 0), (Dwell, 600, 600), (Dwell, 3600, 3600)]
+    );
     h.fix(5000, FAR);
     h.fix(5100, IN);
     h.w(5701);
@@ -154,17 +169,28 @@ fn exit_at_or_before_the_deadline_cancels_the_dwell() {
     assert_eq!(h.take(), vec![(Enter, 0, 0), (Exit, 600, 600)]);
     let s = h.e.stats();
     assert_eq!(s.pairs, 0);
-    assert_eq!(s.wheel.entries, s.wheel.tombstones, "nothing live is left in the wheel");
+    assert_eq!(
+        s.wheel.entries, s.wheel.tombstones,
+        "nothing live is left in the wheel"
+    );
 }
 
 #[test]
 fn hysteresis_exit_buffer() {
     let mut h = H::new(serde_json::json!({"exit_buffer_m": 50}));
     h.fix(0, NEAR);
-    assert_eq!(h.take(), vec![], "the buffer does not widen the fence for ENTER");
+    assert_eq!(
+        h.take(),
+        vec![],
+        "the buffer does not widen the fence for ENTER"
+    );
     h.fix(10, IN);
     h.fix(20, NEAR);
-    assert_eq!(h.take(), vec![(Enter, 10, 0)], "outside within the buffer is not outside");
+    assert_eq!(
+        h.take(),
+        vec![(Enter, 10, 0)],
+        "outside within the buffer is not outside"
+    );
     h.fix(30, FAR);
     assert_eq!(h.take(), vec![(Exit, 30, 20)]);
 }
@@ -195,7 +221,11 @@ fn enter_confirm_needs_consecutive_inside_fixes() {
     h.fix(40, IN);
     assert_eq!(h.take(), vec![], "an outside fix breaks the run");
     h.fix(50, IN2);
-    assert_eq!(h.take(), vec![(Enter, 30, 0)], "ENTER's time is the run's first fix");
+    assert_eq!(
+        h.take(),
+        vec![(Enter, 30, 0)],
+        "ENTER's time is the run's first fix"
+    );
 }
 
 #[test]
@@ -214,9 +244,17 @@ fn votes_expire_after_confirm_within_and_a_gap_equal_to_it_counts() {
     let mut h = H::new(serde_json::json!({"enter_confirm": 2, "confirm_within": "60s"}));
     h.fix(0, IN);
     h.fix(61, IN);
-    assert_eq!(h.take(), vec![], "a gap over confirm_within starts a new run");
+    assert_eq!(
+        h.take(),
+        vec![],
+        "a gap over confirm_within starts a new run"
+    );
     h.fix(121, IN);
-    assert_eq!(h.take(), vec![(Enter, 61, 0)], "a gap equal to confirm_within still counts");
+    assert_eq!(
+        h.take(),
+        vec![(Enter, 61, 0)],
+        "a gap equal to confirm_within still counts"
+    );
 }
 
 #[test]
@@ -225,9 +263,17 @@ fn the_expiry_sweep_runs_on_the_wheel() {
     h.fix(0, IN);
     assert_eq!(h.e.stats().pairs, 1);
     h.w(60);
-    assert_eq!(h.e.stats().pairs, 1, "at W = last + confirm_within the run still stands");
+    assert_eq!(
+        h.e.stats().pairs,
+        1,
+        "at W = last + confirm_within the run still stands"
+    );
     h.w(62);
-    assert_eq!(h.e.stats().pairs, 0, "after it, the pending run is swept without any fix");
+    assert_eq!(
+        h.e.stats().pairs,
+        0,
+        "after it, the pending run is swept without any fix"
+    );
     h.fix(62, IN);
     h.fix(70, IN);
     assert_eq!(h.take(), vec![(Enter, 62, 0)]);
@@ -241,7 +287,11 @@ fn a_pending_exit_run_holds_the_dwell_until_its_outcome() {
     h.fix(0, IN);
     h.fix(590, FAR);
     h.w(700);
-    assert_eq!(h.take(), vec![(Enter, 0, 0)], "held while the run is pending");
+    assert_eq!(
+        h.take(),
+        vec![(Enter, 0, 0)],
+        "held while the run is pending"
+    );
     h.fix(700, FAR);
     assert_eq!(h.take(), vec![(Exit, 590, 590)]);
     // Broken by an inside fix: DWELL fires, at the deadline.
@@ -275,9 +325,17 @@ fn stale_dwell_waits_for_the_next_fix_that_is_not_outside() {
     let mut h = H::new(props.clone());
     h.fix(0, IN);
     h.w(3600);
-    assert_eq!(h.take(), vec![(Enter, 0, 0)], "quiet device: STALE at the deadline");
+    assert_eq!(
+        h.take(),
+        vec![(Enter, 0, 0)],
+        "quiet device: STALE at the deadline"
+    );
     h.fix(4000, IN);
-    assert_eq!(h.take(), vec![(Dwell, 1800, 1800)], "released by the next inside fix, at d");
+    assert_eq!(
+        h.take(),
+        vec![(Dwell, 1800, 1800)],
+        "released by the next inside fix, at d"
+    );
     // A visit that ends first never fires it.
     let mut h = H::new(props.clone());
     h.fix(0, IN);
@@ -294,7 +352,8 @@ fn stale_dwell_waits_for_the_next_fix_that_is_not_outside() {
 
 #[test]
 fn stale_uses_any_fix_of_the_device() {
-    let mut h = H::new(serde_json::json!({"dwell": ["30m"], "stale_after": "15m", "max_accuracy_m": 20}));
+    let mut h =
+        H::new(serde_json::json!({"dwell": ["30m"], "stale_after": "15m", "max_accuracy_m": 20}));
     h.fix(0, IN);
     // Ignored for this fence (inaccurate), but it is a fix of the device.
     h.fix_acc("d1", 1000, FAR, Some(1000.0));
@@ -323,7 +382,8 @@ fn a_fix_exactly_at_the_deadline_counts_for_it() {
 
 #[test]
 fn late_enter_confirmation_fires_passed_thresholds() {
-    let mut h = H::new(serde_json::json!({"dwell": ["60s"], "enter_confirm": 3, "confirm_within": "5m"}));
+    let mut h =
+        H::new(serde_json::json!({"dwell": ["60s"], "enter_confirm": 3, "confirm_within": "5m"}));
     h.fix(0, IN);
     h.fix(50, IN);
     h.fix(100, IN);
@@ -335,8 +395,16 @@ fn late_and_duplicate_fixes_change_nothing() {
     let mut h = H::new(serde_json::json!({}));
     h.lateness = Dur::from_secs(10);
     assert_eq!(h.fix(100, FAR), Ingested::Accepted);
-    assert_eq!(h.fix(95, IN), Ingested::Accepted, "within lateness: reordered");
-    assert_eq!(h.fix(100, (10.06, 50.06)), Ingested::Duplicate, "same ts, later in (lat, lon) order");
+    assert_eq!(
+        h.fix(95, IN),
+        Ingested::Accepted,
+        "within lateness: reordered"
+    );
+    assert_eq!(
+        h.fix(100, (10.06, 50.06)),
+        Ingested::Duplicate,
+        "same ts, later in (lat, lon) order"
+    );
     assert_eq!(h.fix(89, IN), Ingested::Late, "before W = 90");
     h.fix(200, FAR);
     assert_eq!(h.take(), vec![(Enter, 95, 0), (Exit, 100, 5)]);
@@ -352,7 +420,14 @@ fn duplicates_keep_the_first_in_lat_lon_order_whatever_arrives_first() {
         let a = h.fix(100, order[0]);
         let b = h.fix(100, order[1]);
         assert_eq!(a, Ingested::Accepted);
-        assert_eq!(b, if order[1] == IN { Ingested::Accepted } else { Ingested::Duplicate });
+        assert_eq!(
+            b,
+            if order[1] == IN {
+                Ingested::Accepted
+            } else {
+                Ingested::Duplicate
+            }
+        );
         h.w(200);
         // IN (lat 50.005) sorts before FAR (lat 50.05): it is kept.
         assert_eq!(h.take(), vec![(Enter, 100, 0)]);
@@ -475,7 +550,10 @@ fn changed_thresholds_apply_to_open_visits() {
     let mut h = H::new(serde_json::json!({"dwell": ["1h"]}));
     h.fix(0, IN);
     h.fix(700, IN);
-    h.e.upsert_fence(square("sq", serde_json::json!({"dwell": ["10m", "1h"]})), &mut h.out);
+    h.e.upsert_fence(
+        square("sq", serde_json::json!({"dwell": ["10m", "1h"]})),
+        &mut h.out,
+    );
     h.w(701);
     assert_eq!(h.take(), vec![(Enter, 0, 0), (Dwell, 600, 600)]);
 }

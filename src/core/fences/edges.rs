@@ -70,9 +70,10 @@ pub(crate) fn contains_flat(flat: &[f64], px: f64, py: f64) -> bool {
     inside
 }
 
-/// Grid cells per edge when sizing the grid: about two cells per edge keeps the cells that the
-/// boundary passes through at a handful of edges each for coastline-like rings.
-const CELLS_PER_EDGE: usize = 8;
+/// Grid cells per edge when sizing the grid. Measured on ragged 10k-80k-vertex coastlines
+/// (`docs/bench-fences.md`): 1 cell/edge walks too many boundary cells, 8 costs more memory
+/// misses than it saves; 4 was fastest, at about 40 bytes per vertex including coordinates.
+const CELLS_PER_EDGE: usize = 4;
 
 /// Upper bound on cell entries per edge on average: guards against polygons of long diagonal
 /// edges, whose bounding boxes cover many cells; the grid is made coarser until it holds.

@@ -703,6 +703,143 @@ fn index_insert_replace_remove() {
     assert!(format!("{idx:?}").contains("fences: 3"));
 }
 
+#[test]
+fn containing_equals_testing_every_fence() {
+    // Mixed shapes, including ones touching the antimeridian and a pole, overlapping each other.
+    let mut fences = vec![
+        Fence::new_circle(
+            "c1",
+            179.99,
+            10.0,
+            3000.0,
+            FenceSettings::default(),
+            &limits(),
+        ),
+        Fence::new_circle(
+            "c2",
+            0.0,
+            89.99,
+            4000.0,
+            FenceSettings::default(),
+            &limits(),
+        ),
+        Fence::new_circle(
+            "c3",
+            0.5,
+            0.5,
+            40_000.0,
+            FenceSettings::default(),
+            &limits(),
+        ),
+        Fence::new_polygon(
+            "p1",
+            &[vec![square(0.0, 0.0, 1.0)]],
+            FenceSettings::default(),
+            &limits(),
+        ),
+        Fence::new_polygon(
+            "p2",
+            &[
+                vec![square(179.5, 9.5, 0.5)],
+                vec![square(-180.0, 9.5, 0.5)],
+            ],
+            FenceSettings::default(),
+            &limits(),
+        ),
+    ];
+    fences.push(Fence::new_polygon(
+        "big",
+        &[ragged(2000, 3)],
+        FenceSettings::default(),
+        &limits(),
+    ));
+    let mut idx = FenceIndex::new();
+    for f in fences {
+        idx.upsert(Arc::new(f.expect("valid")));
+    }
+    let mut s = 12345u64;
+    let mut rnd = || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        (s >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let mut probes: Vec<[f64; 2]> = (0..3000)
+        .map(|_| [rnd() * 3.0 - 1.5, rnd() * 3.0 - 1.5])
+        .collect();
+    probes.extend((0..500).map(|_| [179.4 + rnd() * 0.6, 9.4 + rnd() * 0.7]));
+    probes.extend((0..500).map(|_| [-180.0 + rnd() * 0.6, 9.4 + rnd() * 0.7]));
+    probes.extend((0..300).map(|_| [rnd() * 360.0 - 180.0, 89.9 + rnd() * 0.1]));
+    probes.extend([
+        [180.0, 10.0],
+        [-180.0, 10.0],
+        [180.0, 9.7],
+        [-180.0, 9.5],
+        [0.0, 90.0],
+    ]);
+    let mut hits = 0;
+    for p in probes {
+        let mut got = Vec::new();
+        idx.containing(p[0], p[1], &mut got);
+        got.sort();
+        let want: Vec<FenceIdx> = idx
+            .iter()
+            .filter(|(_, f)| f.contains(p[0], p[1]))
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(got, want, "at {p:?}");
+        let mut cands = Vec::new();
+        idx.candidates(p[0], p[1], &mut cands);
+        assert!(
+            want.iter().all(|i| cands.contains(i)),
+            "candidates miss a fence at {p:?}"
+        );
+        let mut dedup = cands.clone();
+        dedup.sort();
+        dedup.dedup();
+        assert_eq!(dedup.len(), cands.len(), "duplicate candidates at {p:?}");
+        hits += want.len();
+    }
+    assert!(hits > 1000, "{hits}");
+}
+
+#[test]
+fn f32_envelopes_never_miss_a_boundary_point() {
+    // Coordinates that f32 cannot represent: the envelope is rounded outward, the query to
+    // nearest; vertices and points on the bbox edges must still be found.
+    let ring = vec![
+        [0.1, 0.3],
+        [0.7000000000000001, 0.3],
+        [0.7000000000000001, 0.9000000000000001],
+        [0.1, 0.9000000000000001],
+        [0.1, 0.3],
+    ];
+    let mut idx = FenceIndex::new();
+    let (i, _) = idx.upsert(Arc::new(
+        Fence::new_polygon(
+            "f",
+            &[vec![ring.clone()]],
+            FenceSettings::default(),
+            &limits(),
+        )
+        .expect("valid"),
+    ));
+    for p in ring
+        .iter()
+        .chain(&[[0.4, 0.3], [0.1, 0.6], [0.7000000000000001, 0.5]])
+    {
+        let mut out = Vec::new();
+        idx.containing(p[0], p[1], &mut out);
+        assert_eq!(out, vec![i], "{p:?}");
+    }
+    let mut out = Vec::new();
+    idx.containing(0.1 - 1e-12, 0.5, &mut out);
+    assert!(
+        out.is_empty(),
+        "just outside: the exact test rejects the extra candidate"
+    );
+}
+
 // ---------------------------------------------------------------- edge grid
 
 /// A ragged "coastline": a noisy radial boundary with `n` vertices, with a hole.

@@ -224,9 +224,9 @@ fn next_due_is_a_lower_bound_that_lets_the_driver_sleep() {
 }
 
 #[test]
-fn the_steady_state_reuses_bucket_capacity() {
+fn the_steady_state_reuses_pooled_chunks() {
     // Every tick schedules a batch 600 ticks ahead and cancels part of an older one, like the
-    // service's dwell churn; after one warm-up cycle, no bucket grows any more.
+    // service's dwell churn; after one warm-up cycle, the chunk pool grows no more.
     // Ten-bit fine level: 1024 buckets, so the warm-up below touches every one of them.
     let mut w = Wheel::with_geometry(Tick(0), 10, 12);
     let mut generation = vec![0u32; 600 * 50];

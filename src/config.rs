@@ -1,0 +1,599 @@
+//! Configuration: raw TOML + environment overrides -> a validated [`Config`].
+//!
+//! The embedded default is `config/geodwell.toml` itself (compiled in), so the documented file and
+//! the defaults cannot drift. Loading reports **every** problem at once (unknown sections and keys,
+//! wrong types, out-of-range values), each with the key it concerns, like Vector's config
+//! validation. Precedence: CLI flags > `GEODWELL_<KEY>` environment variables > the file >
+//! embedded defaults.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+use crate::core::time::Dur;
+
+/// The documented default configuration, compiled in.
+pub const DEFAULT_TOML: &str = include_str!("../config/geodwell.toml");
+
+/// How the watermark moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClockMode {
+    /// `W = wall clock - lateness`.
+    Live,
+    /// `W = max ts seen - lateness`.
+    Event,
+}
+
+impl std::str::FromStr for ClockMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "live" => Ok(ClockMode::Live),
+            "event" => Ok(ClockMode::Event),
+            _ => Err(format!("expected \"live\" or \"event\", got {s:?}")),
+        }
+    }
+}
+
+impl fmt::Display for ClockMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ClockMode::Live => "live",
+            ClockMode::Event => "event",
+        })
+    }
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Address to bind.
+    pub listen: SocketAddr,
+    /// Engine shards (resolved: never 0).
+    pub shards: usize,
+    /// Persistent state directory.
+    pub data_dir: PathBuf,
+    /// Graceful shutdown budget.
+    pub shutdown_grace: Dur,
+    /// Watermark mode.
+    pub clock: ClockMode,
+    /// Allowed arrival disorder.
+    pub lateness: Dur,
+    /// live mode: largest accepted lead of `ts` over the wall clock.
+    pub max_future: Dur,
+    /// Wheel tick.
+    pub tick: Dur,
+    /// Per-tick fire cap per shard.
+    pub max_fires_per_tick: usize,
+    /// Fences preloaded at start.
+    pub fences_file: Option<PathBuf>,
+    /// Most fences.
+    pub max_fences: usize,
+    /// Most positions per fence.
+    pub max_vertices: usize,
+    /// Largest request body.
+    pub max_body_bytes: usize,
+    /// Most fixes per request / frame.
+    pub max_batch: usize,
+    /// Longest device id.
+    pub max_device_len: usize,
+    /// Reorder buffer bound per device.
+    pub max_buffered_per_device: usize,
+    /// Queued batches per shard.
+    pub shard_queue: usize,
+    /// Event log length bound.
+    pub log_capacity: usize,
+    /// Event log age bound.
+    pub log_max_age: Dur,
+    /// Subscriber lag bound.
+    pub subscriber_queue: usize,
+    /// Largest poll `limit`.
+    pub max_poll_limit: usize,
+}
+
+/// One configuration problem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigIssue {
+    /// `section.key`, or the section, or `(file)`.
+    pub key: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// Every problem found while loading a configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub struct ConfigError {
+    /// Where the configuration came from.
+    pub source_name: String,
+    /// The problems, in file order.
+    pub issues: Vec<ConfigIssue>,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{} has {} error(s):",
+            self.source_name,
+            self.issues.len()
+        )?;
+        for i in &self.issues {
+            writeln!(f, "  - {}: {}", i.key, i.message)?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Addr,
+    Count { min: usize, max: usize },
+    Duration { zero_ok: bool },
+    Clock,
+    Path,
+    OptPath,
+}
+
+/// (section, key, kind): the schema. Keys are unique across sections so that `GEODWELL_<KEY>`
+/// names one key.
+const SCHEMA: &[(&str, &str, Kind)] = &[
+    ("server", "listen", Kind::Addr),
+    ("server", "shards", Kind::Count { min: 0, max: 1024 }),
+    ("server", "data_dir", Kind::Path),
+    ("server", "shutdown_grace", Kind::Duration { zero_ok: true }),
+    ("time", "clock", Kind::Clock),
+    ("time", "lateness", Kind::Duration { zero_ok: true }),
+    ("time", "max_future", Kind::Duration { zero_ok: true }),
+    ("time", "tick", Kind::Duration { zero_ok: false }),
+    (
+        "time",
+        "max_fires_per_tick",
+        Kind::Count {
+            min: 1,
+            max: usize::MAX,
+        },
+    ),
+    ("fences", "fences_file", Kind::OptPath),
+    (
+        "fences",
+        "max_fences",
+        Kind::Count {
+            min: 1,
+            max: usize::MAX,
+        },
+    ),
+    (
+        "fences",
+        "max_vertices",
+        Kind::Count {
+            min: 4,
+            max: 10_000_000,
+        },
+    ),
+    (
+        "ingest",
+        "max_body_bytes",
+        Kind::Count {
+            min: 1024,
+            max: 1 << 30,
+        },
+    ),
+    (
+        "ingest",
+        "max_batch",
+        Kind::Count {
+            min: 1,
+            max: 10_000_000,
+        },
+    ),
+    (
+        "ingest",
+        "max_device_len",
+        Kind::Count { min: 1, max: 4096 },
+    ),
+    (
+        "ingest",
+        "max_buffered_per_device",
+        Kind::Count {
+            min: 1,
+            max: 1_000_000,
+        },
+    ),
+    (
+        "ingest",
+        "shard_queue",
+        Kind::Count {
+            min: 1,
+            max: 1_000_000,
+        },
+    ),
+    (
+        "events",
+        "log_capacity",
+        Kind::Count {
+            min: 1,
+            max: usize::MAX,
+        },
+    ),
+    ("events", "log_max_age", Kind::Duration { zero_ok: false }),
+    (
+        "events",
+        "subscriber_queue",
+        Kind::Count {
+            min: 1,
+            max: 10_000_000,
+        },
+    ),
+    (
+        "events",
+        "max_poll_limit",
+        Kind::Count {
+            min: 1,
+            max: 10_000_000,
+        },
+    ),
+];
+
+#[derive(Debug, Clone)]
+enum Val {
+    Str(String),
+    Int(i64),
+}
+
+impl Config {
+    /// The embedded defaults (with `cores` shards when `shards = 0`).
+    pub fn defaults(cores: usize) -> Config {
+        Config::load(None, &BTreeMap::new(), cores).expect("the embedded default config is valid")
+    }
+
+    /// Loads `file` (name, text) over the embedded defaults, then applies `env` (already filtered
+    /// to `GEODWELL_*` variables, or empty). `cores` resolves `shards = 0`.
+    pub fn load(
+        file: Option<(&str, &str)>,
+        env: &BTreeMap<String, String>,
+        cores: usize,
+    ) -> Result<Config, ConfigError> {
+        let source_name = file.map_or("embedded defaults".to_string(), |(n, _)| n.to_string());
+        let mut issues = Vec::new();
+        let mut values: BTreeMap<&str, (String, Val)> = BTreeMap::new();
+        // Defaults first, then the file over them.
+        let mut layers = vec![("embedded defaults", DEFAULT_TOML)];
+        if let Some((name, text)) = file {
+            layers.push((name, text));
+        }
+        for (layer_name, text) in layers {
+            let table: toml::Table = match text.parse() {
+                Ok(t) => t,
+                Err(e) => {
+                    issues.push(ConfigIssue {
+                        key: "(file)".into(),
+                        message: format!("{layer_name} is not valid TOML: {e}"),
+                    });
+                    continue;
+                }
+            };
+            for (section, body) in &table {
+                let Some(body) = body.as_table() else {
+                    issues.push(issue(section, "expected a [section] table"));
+                    continue;
+                };
+                if !SCHEMA.iter().any(|(s, _, _)| s == section) {
+                    issues.push(issue(
+                        section,
+                        &format!("unknown section; known: {}", sections()),
+                    ));
+                    continue;
+                }
+                for (key, v) in body {
+                    let Some(&(_, k, _)) = SCHEMA.iter().find(|(s, k, _)| s == section && k == key)
+                    else {
+                        issues.push(issue(
+                            &format!("{section}.{key}"),
+                            &format!("unknown key; known in [{section}]: {}", keys_of(section)),
+                        ));
+                        continue;
+                    };
+                    let val = match v {
+                        toml::Value::String(s) => Val::Str(s.clone()),
+                        toml::Value::Integer(i) => Val::Int(*i),
+                        toml::Value::Float(f) => Val::Str(f.to_string()),
+                        other => {
+                            issues.push(issue(
+                                &format!("{section}.{key}"),
+                                &format!("expected a string or number, got {}", other.type_str()),
+                            ));
+                            continue;
+                        }
+                    };
+                    values.insert(k, (format!("{section}.{key}"), val));
+                }
+            }
+        }
+        for (section, key, _) in SCHEMA {
+            let var = format!("GEODWELL_{}", key.to_ascii_uppercase());
+            if let Some(v) = env.get(&var) {
+                values.insert(
+                    key,
+                    (format!("{section}.{key} (from {var})"), Val::Str(v.clone())),
+                );
+            }
+        }
+        for var in env.keys() {
+            let known = SCHEMA
+                .iter()
+                .any(|(_, k, _)| *var == format!("GEODWELL_{}", k.to_ascii_uppercase()));
+            if !known && var.starts_with("GEODWELL_") && var != "GEODWELL_LOG" {
+                issues.push(issue(var, "unknown environment override"));
+            }
+        }
+
+        let mut b = Builder {
+            values,
+            issues,
+            cores,
+        };
+        let cfg = Config {
+            listen: b.addr("listen"),
+            shards: b.count("shards"),
+            data_dir: b.path("data_dir").unwrap_or_default(),
+            shutdown_grace: b.dur("shutdown_grace"),
+            clock: b.clock("clock"),
+            lateness: b.dur("lateness"),
+            max_future: b.dur("max_future"),
+            tick: b.dur("tick"),
+            max_fires_per_tick: b.count("max_fires_per_tick"),
+            fences_file: b.path("fences_file"),
+            max_fences: b.count("max_fences"),
+            max_vertices: b.count("max_vertices"),
+            max_body_bytes: b.count("max_body_bytes"),
+            max_batch: b.count("max_batch"),
+            max_device_len: b.count("max_device_len"),
+            max_buffered_per_device: b.count("max_buffered_per_device"),
+            shard_queue: b.count("shard_queue"),
+            log_capacity: b.count("log_capacity"),
+            log_max_age: b.dur("log_max_age"),
+            subscriber_queue: b.count("subscriber_queue"),
+            max_poll_limit: b.count("max_poll_limit"),
+        };
+        let mut cfg = cfg;
+        if cfg.shards == 0 {
+            cfg.shards = b.cores.max(1);
+        }
+        if cfg.tick > Dur::from_mins(1) {
+            b.issues.push(issue("time.tick", "must be at most 60s"));
+        }
+        if b.issues.is_empty() {
+            Ok(cfg)
+        } else {
+            Err(ConfigError {
+                source_name,
+                issues: b.issues,
+            })
+        }
+    }
+
+    /// Collects `GEODWELL_*` variables from the process environment.
+    pub fn env_overrides() -> BTreeMap<String, String> {
+        std::env::vars()
+            .filter(|(k, _)| k.starts_with("GEODWELL_"))
+            .collect()
+    }
+}
+
+fn issue(key: &str, message: &str) -> ConfigIssue {
+    ConfigIssue {
+        key: key.to_string(),
+        message: message.to_string(),
+    }
+}
+
+fn sections() -> String {
+    let mut s: Vec<&str> = SCHEMA.iter().map(|(s, _, _)| *s).collect();
+    s.dedup();
+    s.join(", ")
+}
+
+fn keys_of(section: &str) -> String {
+    SCHEMA
+        .iter()
+        .filter(|(s, _, _)| *s == section)
+        .map(|(_, k, _)| *k)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+struct Builder<'a> {
+    values: BTreeMap<&'a str, (String, Val)>,
+    issues: Vec<ConfigIssue>,
+    cores: usize,
+}
+
+impl Builder<'_> {
+    fn get(&mut self, key: &str) -> Option<(String, Val, Kind)> {
+        let kind = SCHEMA
+            .iter()
+            .find(|(_, k, _)| *k == key)
+            .map(|(_, _, k)| *k)?;
+        let (name, v) = self.values.get(key)?.clone();
+        Some((name, v, kind))
+    }
+
+    fn fail(&mut self, name: String, message: String) {
+        self.issues.push(ConfigIssue { key: name, message });
+    }
+
+    fn addr(&mut self, key: &str) -> SocketAddr {
+        let fallback = SocketAddr::from(([127, 0, 0, 1], 7878));
+        let Some((name, v, _)) = self.get(key) else {
+            return fallback;
+        };
+        match v {
+            Val::Str(s) => s.parse().unwrap_or_else(|e| {
+                self.fail(
+                    name,
+                    format!("expected host:port such as 127.0.0.1:7878 ({e}), got {s:?}"),
+                );
+                fallback
+            }),
+            Val::Int(i) => {
+                self.fail(name, format!("expected a \"host:port\" string, got {i}"));
+                fallback
+            }
+        }
+    }
+
+    fn count(&mut self, key: &str) -> usize {
+        let Some((name, v, kind)) = self.get(key) else {
+            return 1;
+        };
+        let Kind::Count { min, max } = kind else {
+            return 1;
+        };
+        let n = match v {
+            Val::Int(i) => Ok(i),
+            Val::Str(s) => s.trim().parse::<i64>().map_err(|_| s),
+        };
+        match n {
+            Ok(i) if i >= 0 && (i as u64) >= min as u64 && (i as u64) <= max as u64 => i as usize,
+            Ok(i) => {
+                self.fail(
+                    name,
+                    format!("must be an integer in {min}..={max}, got {i}"),
+                );
+                min.max(1)
+            }
+            Err(s) => {
+                self.fail(name, format!("expected an integer, got {s:?}"));
+                min.max(1)
+            }
+        }
+    }
+
+    fn dur(&mut self, key: &str) -> Dur {
+        let Some((name, v, kind)) = self.get(key) else {
+            return Dur::from_secs(1);
+        };
+        let zero_ok = matches!(kind, Kind::Duration { zero_ok: true });
+        let text = match v {
+            Val::Int(i) => i.to_string(),
+            Val::Str(s) => s,
+        };
+        match Dur::parse(&text) {
+            Ok(d) if d == Dur::ZERO && !zero_ok => {
+                self.fail(name, "must be greater than zero".into());
+                Dur::from_secs(1)
+            }
+            Ok(d) => d,
+            Err(e) => {
+                self.fail(name, e.to_string());
+                Dur::from_secs(1)
+            }
+        }
+    }
+
+    fn clock(&mut self, key: &str) -> ClockMode {
+        let Some((name, v, _)) = self.get(key) else {
+            return ClockMode::Live;
+        };
+        let text = match v {
+            Val::Int(i) => i.to_string(),
+            Val::Str(s) => s,
+        };
+        text.parse().unwrap_or_else(|e| {
+            self.fail(name, e);
+            ClockMode::Live
+        })
+    }
+
+    fn path(&mut self, key: &str) -> Option<PathBuf> {
+        let (name, v, kind) = self.get(key)?;
+        match v {
+            Val::Str(s) if s.is_empty() && matches!(kind, Kind::OptPath) => None,
+            Val::Str(s) if s.is_empty() => {
+                self.fail(name, "must not be empty".into());
+                None
+            }
+            Val::Str(s) => Some(PathBuf::from(s)),
+            Val::Int(i) => {
+                self.fail(name, format!("expected a path string, got {i}"));
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_defaults_are_valid() {
+        let c = Config::defaults(2);
+        assert_eq!(c.shards, 2);
+        assert_eq!(c.listen, "127.0.0.1:7878".parse().unwrap());
+        assert_eq!(c.clock, ClockMode::Live);
+        assert_eq!(c.lateness, Dur::from_secs(2));
+        assert_eq!(c.max_body_bytes, 8 * 1024 * 1024);
+        assert_eq!(c.fences_file, Some(PathBuf::from("config/fences.geojson")));
+    }
+
+    #[test]
+    fn every_error_is_reported_at_once() {
+        let text = r#"
+            [server]
+            listen = "nowhere"
+            colour = "blue"
+            [time]
+            clock = "sundial"
+            tick = "0s"
+            [bogus]
+            x = 1
+            [ingest]
+            max_batch = -5
+        "#;
+        let err = Config::load(Some(("t.toml", text)), &BTreeMap::new(), 1).unwrap_err();
+        let keys: Vec<&str> = err.issues.iter().map(|i| i.key.as_str()).collect();
+        for k in [
+            "server.colour",
+            "bogus",
+            "server.listen",
+            "time.clock",
+            "time.tick",
+            "ingest.max_batch",
+        ] {
+            assert!(keys.contains(&k), "{k} missing from {keys:?}");
+        }
+        assert!(err.to_string().contains("6 error(s)"), "{err}");
+    }
+
+    #[test]
+    fn env_overrides_win_and_unknown_ones_are_reported() {
+        let env: BTreeMap<String, String> = [
+            ("GEODWELL_LATENESS".to_string(), "5s".to_string()),
+            ("GEODWELL_CLOCK".to_string(), "event".to_string()),
+            ("GEODWELL_SHARDS".to_string(), "3".to_string()),
+        ]
+        .into();
+        let c = Config::load(None, &env, 8).unwrap();
+        assert_eq!(
+            (c.lateness, c.clock, c.shards),
+            (Dur::from_secs(5), ClockMode::Event, 3)
+        );
+        let bad: BTreeMap<String, String> = [("GEODWELL_NOPE".to_string(), "1".to_string())].into();
+        assert!(Config::load(None, &bad, 1).is_err());
+    }
+
+    #[test]
+    fn empty_fences_file_means_none() {
+        let c = Config::load(
+            Some(("t", "[fences]\nfences_file = \"\"\n")),
+            &BTreeMap::new(),
+            1,
+        )
+        .unwrap();
+        assert_eq!(c.fences_file, None);
+    }
+}

@@ -1,0 +1,204 @@
+//! Event reading: `GET /v1/events` (polling) and `GET /v1/events/ws` (subscription).
+//!
+//! A subscriber is a cursor into the shared event log, not a queue of its own: it reads from the
+//! log when the log's head moves. Its "queue" is the distance between its cursor and the head;
+//! when that exceeds `subscriber_queue`, or the log has already dropped the cursor's position, it
+//! is sent `{"type":"lagged","resume_from":N}` and closed. Reconnecting with `from_seq=N` resumes
+//! without loss while the log still holds `N`. Memory per subscriber is therefore bounded by one
+//! read chunk, whatever the event rate.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade, close_code};
+use axum::extract::{Query, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use futures_util::{SinkExt, StreamExt};
+use metrics::{counter, gauge};
+use wildmatch::WildMatch;
+
+use crate::core::event::{Event, EventKind};
+use crate::http::error::ApiError;
+use crate::state::AppState;
+use crate::telemetry as t;
+
+const CHUNK: usize = 512;
+
+fn parse_u64(q: &HashMap<String, String>, key: &str) -> Result<Option<u64>, ApiError> {
+    q.get(key)
+        .map(|v| {
+            v.parse::<u64>().map_err(|_| {
+                ApiError::bad_request(
+                    "bad_query",
+                    format!("{key} must be a non-negative integer, got {v:?}"),
+                )
+            })
+        })
+        .transpose()
+}
+
+fn check_known(q: &HashMap<String, String>, known: &[&str]) -> Result<(), ApiError> {
+    for k in q.keys() {
+        if !known.contains(&k.as_str()) {
+            return Err(ApiError::bad_request(
+                "bad_query",
+                format!("unknown query parameter {k:?}; known: {}", known.join(", ")),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `GET /v1/events?from_seq=N&limit=M`: events with `seq >= N` (default: the oldest held).
+pub async fn poll(
+    State(st): State<Arc<AppState>>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    check_known(&q, &["from_seq", "limit"])?;
+    let from = parse_u64(&q, "from_seq")?.unwrap_or(0);
+    let limit = parse_u64(&q, "limit")?.unwrap_or(1000) as usize;
+    if limit == 0 || limit > st.cfg.max_poll_limit {
+        return Err(ApiError::bad_request(
+            "bad_query",
+            format!("limit must be in 1..={}", st.cfg.max_poll_limit),
+        ));
+    }
+    let r = st.log.read(from, limit);
+    let next = r
+        .events
+        .last()
+        .map_or(from.max(r.first_seq), |e| e.event.seq + 1);
+    let mut body =
+        String::with_capacity(64 + r.events.iter().map(|e| e.json.len() + 1).sum::<usize>());
+    body.push_str("{\"events\":[");
+    for (i, e) in r.events.iter().enumerate() {
+        if i > 0 {
+            body.push(',');
+        }
+        body.push_str(&e.json);
+    }
+    body.push_str(&format!(
+        "],\"next_seq\":{next},\"first_seq\":{},\"head_seq\":{},\"missed\":{}}}",
+        r.first_seq,
+        r.next_seq,
+        from < r.first_seq && from != 0
+    ));
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+/// Subscription filters.
+#[derive(Debug, Clone)]
+pub struct Filter {
+    types: Option<Vec<EventKind>>,
+    fence: Option<WildMatch>,
+    device: Option<String>,
+}
+
+impl Filter {
+    /// Parses `types=enter,dwell`, `fence=<glob>`, `device=<id>`.
+    pub fn parse(q: &HashMap<String, String>) -> Result<Filter, ApiError> {
+        let types = q
+            .get("types")
+            .map(|v| {
+                v.split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(|s| {
+                        EventKind::parse(s.trim()).ok_or_else(|| {
+                            ApiError::bad_request(
+                                "bad_query",
+                                format!("unknown event type {s:?}; known: enter, exit, dwell"),
+                            )
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .transpose()?;
+        Ok(Filter {
+            types,
+            fence: q.get("fence").map(|g| WildMatch::new(g)),
+            device: q.get("device").cloned(),
+        })
+    }
+
+    /// Whether `e` passes.
+    pub fn matches(&self, e: &Event) -> bool {
+        self.types.as_ref().is_none_or(|t| t.contains(&e.kind))
+            && self.fence.as_ref().is_none_or(|g| g.matches(&e.fence))
+            && self.device.as_ref().is_none_or(|d| **d == *e.device)
+    }
+}
+
+/// `GET /v1/events/ws?from_seq=N&types=...&fence=...&device=...`.
+pub async fn subscribe(
+    State(st): State<Arc<AppState>>,
+    Query(q): Query<HashMap<String, String>>,
+    ws: WebSocketUpgrade,
+) -> Result<Response, ApiError> {
+    check_known(&q, &["from_seq", "types", "fence", "device"])?;
+    let from = parse_u64(&q, "from_seq")?;
+    let filter = Filter::parse(&q)?;
+    let start = from.unwrap_or_else(|| st.log.next_seq());
+    let tasks = st.tasks.clone();
+    Ok(ws.on_upgrade(move |socket| async move {
+        // Tracked so that shutdown waits for the goodbye frame.
+        tasks
+            .spawn(run_subscriber(st, socket, start, filter))
+            .await
+            .ok();
+    }))
+}
+
+async fn run_subscriber(st: Arc<AppState>, socket: WebSocket, mut cursor: u64, filter: Filter) {
+    gauge!(t::SUBSCRIBERS).increment(1.0);
+    let (mut tx, mut rx) = socket.split();
+    let mut head = st.log.watch();
+    let close = |code, reason: &'static str| {
+        Message::Close(Some(CloseFrame {
+            code,
+            reason: Utf8Bytes::from_static(reason),
+        }))
+    };
+    'outer: loop {
+        // Send everything available from the cursor on.
+        loop {
+            let r = st.log.read(cursor, CHUNK);
+            let behind = r.next_seq.saturating_sub(cursor);
+            if cursor < r.first_seq || behind > st.cfg.subscriber_queue as u64 {
+                counter!(t::SUBSCRIBERS_LAGGED).increment(1);
+                let frame = format!("{{\"type\":\"lagged\",\"resume_from\":{cursor}}}");
+                let _ = tx.send(Message::Text(frame.into())).await;
+                let _ = tx.send(close(close_code::POLICY, "lagged")).await;
+                break 'outer;
+            }
+            if r.events.is_empty() {
+                break;
+            }
+            for e in &r.events {
+                cursor = e.event.seq + 1;
+                if filter.matches(&e.event) {
+                    if tx
+                        .send(Message::Text(Utf8Bytes::from(&*e.json)))
+                        .await
+                        .is_err()
+                    {
+                        break 'outer;
+                    }
+                    counter!(t::SUBSCRIBER_EVENTS_SENT).increment(1);
+                }
+            }
+        }
+        tokio::select! {
+            _ = st.shutdown.cancelled() => {
+                let _ = tx.send(close(close_code::AWAY, "server shutting down")).await;
+                break;
+            }
+            changed = head.changed() => if changed.is_err() { break },
+            msg = rx.next() => match msg {
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
+                Some(Ok(_)) => {} // pings are answered by axum; other input is ignored
+            },
+        }
+    }
+    gauge!(t::SUBSCRIBERS).decrement(1.0);
+}

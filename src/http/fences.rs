@@ -1,0 +1,186 @@
+//! Fence CRUD: `PUT/GET/DELETE /v1/fences/{id}`, `GET /v1/fences`, `POST /v1/fences` (GeoJSON
+//! Feature or FeatureCollection; all-or-nothing).
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use crate::core::fences::{Fence, FenceErrors, parse_fences_str};
+use crate::http::error::ApiError;
+use crate::http::fixes::body_or_error;
+use crate::shard::ShardMsg;
+use crate::state::AppState;
+use crate::telemetry as t;
+
+fn invalid(errs: FenceErrors) -> ApiError {
+    let details: Vec<Value> = errs
+        .errors()
+        .iter()
+        .map(|e| json!({"path": e.path, "message": e.kind.to_string()}))
+        .collect();
+    ApiError::unprocessable("invalid_fence", errs.to_string()).with_details(json!(details))
+}
+
+/// Installs fences everywhere (API copy + every shard, in one serialized order). Returns how many
+/// were new.
+pub async fn install(st: &AppState, fences: Vec<Fence>) -> Result<usize, ApiError> {
+    let _guard = st.fence_write.lock().await;
+    let new = {
+        let map = st.fences.read().unwrap_or_else(|p| p.into_inner());
+        let new = fences.iter().filter(|f| !map.contains_key(&*f.id)).count();
+        if map.len() + new > st.cfg.max_fences {
+            return Err(ApiError::unprocessable(
+                "too_many_fences",
+                format!(
+                    "{} fences would exceed the limit of {}",
+                    map.len() + new,
+                    st.cfg.max_fences
+                ),
+            ));
+        }
+        new
+    };
+    for f in fences {
+        let f = Arc::new(f);
+        st.fences
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(f.id.to_string(), f.clone());
+        for s in &st.shards {
+            s.send(ShardMsg::UpsertFence(f.clone()))
+                .await
+                .map_err(|_| ApiError::shutting_down())?;
+        }
+    }
+    metrics::gauge!(t::FENCES)
+        .set(st.fences.read().unwrap_or_else(|p| p.into_inner()).len() as f64);
+    Ok(new)
+}
+
+/// `PUT /v1/fences/{id}`: body is a GeoJSON Feature (its `id`, if any, must match).
+pub async fn put_fence(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body_or_error(body, st.cfg.max_body_bytes)?;
+    let text =
+        std::str::from_utf8(&body).map_err(|e| ApiError::bad_request("bad_body", e.to_string()))?;
+    let feature: geojson::Feature = match text.parse::<geojson::GeoJson>() {
+        Ok(geojson::GeoJson::Feature(f)) => f,
+        Ok(_) => {
+            return Err(ApiError::unprocessable(
+                "invalid_fence",
+                "PUT /v1/fences/{id} takes one GeoJSON Feature; use POST /v1/fences for a FeatureCollection",
+            ));
+        }
+        Err(e) => {
+            return Err(ApiError::unprocessable(
+                "invalid_geojson",
+                format!("not a GeoJSON Feature: {e}"),
+            ));
+        }
+    };
+    let fence = Fence::from_feature(&feature, Some(&id), &st.fence_limits).map_err(invalid)?;
+    let body = fence.to_feature();
+    let created = install(&st, vec![fence]).await? == 1;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(body)).into_response())
+}
+
+/// `POST /v1/fences`: a Feature or FeatureCollection; nothing is applied if any is invalid.
+pub async fn post_fences(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body_or_error(body, st.cfg.max_body_bytes)?;
+    let text =
+        std::str::from_utf8(&body).map_err(|e| ApiError::bad_request("bad_body", e.to_string()))?;
+    let fences = parse_fences_str(text, &st.fence_limits).map_err(invalid)?;
+    if fences.is_empty() {
+        return Err(ApiError::bad_request(
+            "empty_collection",
+            "the FeatureCollection holds no features",
+        ));
+    }
+    let ids: Vec<String> = fences.iter().map(|f| f.id.to_string()).collect();
+    let n = fences.len();
+    let created = install(&st, fences).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({"created": created, "replaced": n - created, "ids": ids})),
+    )
+        .into_response())
+}
+
+/// `GET /v1/fences/{id}`.
+pub async fn get_fence(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let f = st
+        .fences
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&id)
+        .cloned()
+        .ok_or_else(|| {
+            ApiError::not_found("fence_not_found", format!("no fence with id {id:?}"))
+        })?;
+    Ok(Json(f.to_feature()).into_response())
+}
+
+/// `GET /v1/fences`: all fences as a FeatureCollection, sorted by id.
+pub async fn list_fences(State(st): State<Arc<AppState>>) -> Response {
+    let features: Vec<geojson::Feature> = st
+        .fences
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .values()
+        .map(|f| f.to_feature())
+        .collect();
+    Json(geojson::FeatureCollection {
+        bbox: None,
+        features,
+        foreign_members: None,
+    })
+    .into_response()
+}
+
+/// `DELETE /v1/fences/{id}`: drops the fence, its pairs and their timers.
+pub async fn delete_fence(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let _guard = st.fence_write.lock().await;
+    let removed = st
+        .fences
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&id);
+    if removed.is_none() {
+        return Err(ApiError::not_found(
+            "fence_not_found",
+            format!("no fence with id {id:?}"),
+        ));
+    }
+    let id: Arc<str> = Arc::from(id.as_str());
+    for s in &st.shards {
+        s.send(ShardMsg::RemoveFence(id.clone()))
+            .await
+            .map_err(|_| ApiError::shutting_down())?;
+    }
+    metrics::gauge!(t::FENCES)
+        .set(st.fences.read().unwrap_or_else(|p| p.into_inner()).len() as f64);
+    Ok(StatusCode::NO_CONTENT.into_response())
+}

@@ -1,0 +1,115 @@
+//! `POST /v1/fixes`: one fix object, a JSON array, or NDJSON (`application/x-ndjson`).
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::Value;
+
+use crate::http::error::ApiError;
+use crate::ingest::{IngestReport, submit};
+use crate::state::AppState;
+
+/// Reads a request body, mapping a too-large body to a JSON 413.
+pub fn body_or_error(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
+    body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(
+                "body_too_large",
+                format!("request body is larger than {limit} bytes"),
+            )
+        } else {
+            ApiError::bad_request("bad_body", e.body_text())
+        }
+    })
+}
+
+/// One item of a batch: its JSON, or why it could not be read (code, message).
+pub type Item = Result<Value, (&'static str, String)>;
+
+/// Splits a body into JSON items: NDJSON lines, array elements, or one object.
+pub fn items_of(headers: &HeaderMap, body: &[u8]) -> Result<Vec<Item>, ApiError> {
+    let ndjson = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.contains("ndjson") || ct.contains("jsonl"));
+    if ndjson {
+        let text = std::str::from_utf8(body).map_err(|e| {
+            ApiError::bad_request("malformed_ndjson", format!("body is not UTF-8: {e}"))
+        })?;
+        return Ok(text
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| {
+                serde_json::from_str::<Value>(l)
+                    .map_err(|e| ("malformed_json", format!("line is not JSON: {e}")))
+            })
+            .collect());
+    }
+    let v: Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request("malformed_json", format!("body is not valid JSON: {e}"))
+    })?;
+    match v {
+        Value::Array(items) => Ok(items.into_iter().map(Ok).collect()),
+        Value::Object(_) => Ok(vec![Ok(v)]),
+        other => Err(ApiError::bad_request(
+            "malformed_batch",
+            format!(
+                "expected a fix object, an array of fixes, or NDJSON; got {}",
+                match other {
+                    Value::Null => "null",
+                    Value::Bool(_) => "a boolean",
+                    Value::Number(_) => "a number",
+                    _ => "a string",
+                }
+            ),
+        )),
+    }
+}
+
+/// Applies a report's outcome to a status: 200 when anything was taken, 422 when every item was
+/// rejected.
+pub fn report_response(report: IngestReport) -> Response {
+    if report.rejected > 0 && report.accepted + report.late + report.duplicate == 0 {
+        let msg = format!("all {} fixes were rejected", report.rejected);
+        let details = serde_json::to_value(&report).unwrap_or(Value::Null);
+        return ApiError::unprocessable("no_valid_fixes", msg)
+            .with_details(details)
+            .into_response();
+    }
+    (StatusCode::OK, Json(report)).into_response()
+}
+
+/// Checks batch size bounds.
+pub fn check_batch(n: usize, max: usize) -> Result<(), ApiError> {
+    if n == 0 {
+        return Err(ApiError::bad_request(
+            "empty_batch",
+            "the batch holds no fixes",
+        ));
+    }
+    if n > max {
+        return Err(ApiError::too_large(
+            "batch_too_large",
+            format!("the batch holds {n} fixes; the limit is {max}"),
+        ));
+    }
+    Ok(())
+}
+
+/// `POST /v1/fixes`.
+pub async fn post_fixes(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body_or_error(body, st.cfg.max_body_bytes)?;
+    let items = items_of(&headers, &body)?;
+    check_batch(items.len(), st.cfg.max_batch)?;
+    let report = submit(&st, "http", items).await?;
+    Ok(report_response(report))
+}

@@ -1,0 +1,132 @@
+//! `GET /v1/ingest/ws`: WebSocket ingest. Each text frame is one fix object or an array of fixes;
+//! each gets one text frame back with the same report as `POST /v1/fixes`. A text frame that is
+//! not JSON gets an error frame and close code 1007; a binary frame gets close code 1003;
+//! overload closes with 1013 ("try again later"); shutdown with 1001.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade, close_code};
+use axum::response::Response;
+use serde_json::{Value, json};
+
+use crate::ingest::{BatchError, submit};
+use crate::state::AppState;
+
+/// `GET /v1/ingest/ws`.
+pub async fn ingest_ws(State(st): State<Arc<AppState>>, ws: WebSocketUpgrade) -> Response {
+    let tasks = st.tasks.clone();
+    let max = st.cfg.max_body_bytes;
+    ws.max_message_size(max)
+        .on_upgrade(move |socket| async move {
+            tasks.spawn(run(st, socket)).await.ok();
+        })
+}
+
+fn error_frame(code: &str, message: &str) -> Message {
+    Message::Text(
+        json!({"error": {"code": code, "message": message}})
+            .to_string()
+            .into(),
+    )
+}
+
+fn close(code: u16, reason: &'static str) -> Message {
+    Message::Close(Some(CloseFrame {
+        code,
+        reason: Utf8Bytes::from_static(reason),
+    }))
+}
+
+async fn run(st: Arc<AppState>, mut socket: WebSocket) {
+    loop {
+        let msg = tokio::select! {
+            _ = st.shutdown.cancelled() => {
+                let _ = socket.send(close(close_code::AWAY, "server shutting down")).await;
+                return;
+            }
+            m = socket.recv() => m,
+        };
+        let text = match msg {
+            Some(Ok(Message::Text(t))) => t,
+            Some(Ok(Message::Binary(_))) => {
+                let _ = socket
+                    .send(error_frame(
+                        "binary_frame",
+                        "send fixes as JSON text frames",
+                    ))
+                    .await;
+                let _ = socket
+                    .send(close(
+                        close_code::UNSUPPORTED,
+                        "binary frames are not supported",
+                    ))
+                    .await;
+                return;
+            }
+            Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
+            Some(Ok(_)) => continue,
+        };
+        let items = match serde_json::from_str::<Value>(&text) {
+            Ok(Value::Array(items)) => items.into_iter().map(Ok).collect::<Vec<_>>(),
+            Ok(v @ Value::Object(_)) => vec![Ok(v)],
+            Ok(_) => {
+                let _ = socket
+                    .send(error_frame(
+                        "malformed_batch",
+                        "a frame must be a fix object or an array of fixes",
+                    ))
+                    .await;
+                let _ = socket
+                    .send(close(close_code::INVALID, "frame is not a fix or an array"))
+                    .await;
+                return;
+            }
+            Err(e) => {
+                let _ = socket
+                    .send(error_frame(
+                        "malformed_json",
+                        &format!("frame is not JSON: {e}"),
+                    ))
+                    .await;
+                let _ = socket
+                    .send(close(close_code::INVALID, "frame is not JSON"))
+                    .await;
+                return;
+            }
+        };
+        if items.is_empty() || items.len() > st.cfg.max_batch {
+            let _ = socket
+                .send(error_frame(
+                    "bad_batch_size",
+                    &format!("a frame must hold 1..={} fixes", st.cfg.max_batch),
+                ))
+                .await;
+            continue;
+        }
+        match submit(&st, "ws", items).await {
+            Ok(report) => {
+                let body = serde_json::to_string(&report).unwrap_or_default();
+                if socket.send(Message::Text(body.into())).await.is_err() {
+                    return;
+                }
+            }
+            Err(BatchError::Overloaded) => {
+                let _ = socket
+                    .send(error_frame(
+                        "overloaded",
+                        "ingest queues are full; reconnect and retry",
+                    ))
+                    .await;
+                let _ = socket.send(close(close_code::AGAIN, "overloaded")).await;
+                return;
+            }
+            Err(BatchError::ShuttingDown) => {
+                let _ = socket
+                    .send(close(close_code::AWAY, "server shutting down"))
+                    .await;
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! Operations endpoints: `/metrics`, `/healthz`, `/readyz`.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::state::AppState;
+use crate::telemetry as t;
+
+/// `GET /metrics`: Prometheus text format.
+pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    metrics::gauge!(t::EVENT_LOG_EVENTS).set(st.log.len() as f64);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        st.metrics.render(),
+    )
+        .into_response()
+}
+
+/// `GET /healthz`: the process is up.
+pub async fn healthz() -> Response {
+    Json(json!({"status": "ok"})).into_response()
+}
+
+/// `GET /readyz`: every shard is running and the service is not shutting down.
+pub async fn readyz(State(st): State<Arc<AppState>>) -> Response {
+    let shards_up = st.shards.iter().all(|s| !s.is_closed());
+    if shards_up && !st.shutdown.is_cancelled() {
+        Json(json!({
+            "status": "ready",
+            "shards": st.shards.len(),
+            "clock": st.cfg.clock.to_string(),
+            "watermark": st.watermark(),
+            "fences": st.fences.read().map(|f| f.len()).unwrap_or(0),
+        }))
+        .into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "not_ready"})),
+        )
+            .into_response()
+    }
+}

@@ -1,0 +1,246 @@
+//! One engine shard: a tokio task that owns an [`Engine`] (its devices, pairs and timer wheel).
+//!
+//! The task `select!`s (biased, in this order) over: shutdown, its bounded message channel, and the
+//! watermark: in `live` mode a `sleep_until` the wheel's next due time, computed as a monotonic
+//! [`Instant`] from one (wall, monotonic) origin taken at start so that sleeps never drift; in
+//! `event` mode a `watch` of the data-driven watermark. Messages are handled before watermark
+//! changes, so a batch stamped with an older watermark is never judged against a newer one.
+//! Nothing here takes a lock on the hot path; events go to the shared [`EventLog`] once per step.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use metrics::{counter, gauge, histogram};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::ClockMode;
+use crate::core::engine::{DeviceView, Engine, EngineStats, IngestError, Ingested};
+use crate::core::event::Event;
+use crate::core::fences::Fence;
+use crate::core::fix::Fix;
+use crate::core::time::{Dur, Ts};
+use crate::events::EventLog;
+use crate::telemetry as t;
+
+/// Wall time derived from one (SystemTime, Instant) origin: monotonic, so it never jumps back and
+/// a deadline in wall time maps onto an exact `Instant`.
+#[derive(Debug, Clone, Copy)]
+pub struct WallClock {
+    origin: Instant,
+    origin_ms: i64,
+}
+
+impl WallClock {
+    /// Captures the origin now.
+    pub fn start() -> WallClock {
+        let origin_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        WallClock {
+            origin: Instant::now(),
+            origin_ms,
+        }
+    }
+
+    /// The current wall time.
+    pub fn now(&self) -> Ts {
+        Ts(self.origin_ms + self.origin.elapsed().as_millis() as i64)
+    }
+
+    /// The monotonic instant at which the wall clock reads `t`.
+    pub fn instant_at(&self, t: Ts) -> Instant {
+        let ms = (t.0 - self.origin_ms).max(0) as u64;
+        self.origin + Duration::from_millis(ms)
+    }
+}
+
+/// A fix bound for a shard, with its index in the request and the watermark it arrived under.
+#[derive(Debug, Clone)]
+pub struct StampedFix {
+    /// Position in the request.
+    pub index: usize,
+    /// The fix.
+    pub fix: Fix,
+    /// Watermark at arrival.
+    pub w: Ts,
+}
+
+/// The outcome of one fix, by request index.
+pub type FixOutcome = (usize, Result<Ingested, IngestError>);
+
+/// What a shard can be asked.
+#[derive(Debug)]
+pub enum ShardMsg {
+    /// Apply fixes (in order); answer with one outcome per fix.
+    Fixes {
+        /// The fixes.
+        fixes: Vec<StampedFix>,
+        /// When the batch arrived (for the ingest-to-event latency).
+        arrived: Instant,
+        /// Where to answer.
+        reply: oneshot::Sender<Vec<FixOutcome>>,
+    },
+    /// Insert or replace a fence.
+    UpsertFence(Arc<Fence>),
+    /// Remove a fence.
+    RemoveFence(Arc<str>),
+    /// A device's state.
+    Device {
+        /// Device id.
+        id: String,
+        /// Where to answer.
+        reply: oneshot::Sender<Option<DeviceView>>,
+    },
+    /// Counters.
+    Stats {
+        /// Where to answer.
+        reply: oneshot::Sender<EngineStats>,
+    },
+}
+
+/// Everything a shard task needs besides its engine and channel.
+#[derive(Debug, Clone)]
+pub struct ShardCtx {
+    /// Shard number (metric label).
+    pub id: usize,
+    /// Watermark mode.
+    pub clock: ClockMode,
+    /// Lateness (live mode watermark).
+    pub lateness: Dur,
+    /// Wall clock.
+    pub wall: WallClock,
+    /// Event-mode watermark, shared by all shards.
+    pub event_w: watch::Receiver<Option<Ts>>,
+    /// The event log.
+    pub log: Arc<EventLog>,
+    /// Cancelled at shutdown.
+    pub shutdown: CancellationToken,
+}
+
+/// Runs a shard until shutdown; drains queued messages before returning.
+pub async fn run(mut engine: Engine, mut rx: mpsc::Receiver<ShardMsg>, mut ctx: ShardCtx) {
+    let label = ctx.id.to_string();
+    let mut out: Vec<Event> = Vec::new();
+    let mut carried_ticks = 0u32;
+    loop {
+        let wake = match ctx.clock {
+            ClockMode::Live => engine.next_due().map(|t| {
+                let at = ctx.wall.instant_at(t.plus(ctx.lateness));
+                if carried_ticks > 0 {
+                    Instant::now()
+                } else {
+                    at
+                }
+            }),
+            ClockMode::Event => (carried_ticks > 0).then(Instant::now),
+        };
+        let mut arrived = None;
+        tokio::select! {
+            biased;
+            _ = ctx.shutdown.cancelled() => break,
+            msg = rx.recv() => match msg {
+                Some(msg) => arrived = handle(&mut engine, msg, &mut out),
+                None => break,
+            },
+            changed = ctx.event_w.changed(), if ctx.clock == ClockMode::Event => {
+                if changed.is_err() {
+                    break;
+                }
+            }
+            _ = tokio::time::sleep_until(wake.unwrap_or_else(Instant::now).into()), if wake.is_some() => {}
+        }
+        // After any step, bring the engine up to the current watermark.
+        let w = match ctx.clock {
+            ClockMode::Live => Some(ctx.wall.now().minus(ctx.lateness)),
+            ClockMode::Event => *ctx.event_w.borrow_and_update(),
+        };
+        if let Some(w) = w {
+            let started = Instant::now();
+            let adv = engine.advance(w, &mut out);
+            histogram!(t::WHEEL_TICK_SECONDS).record(started.elapsed().as_secs_f64());
+            if adv.carried {
+                carried_ticks += 1;
+                if carried_ticks == 5 {
+                    tracing::warn!(
+                        shard = ctx.id,
+                        "timer carry has persisted for 5 ticks: the per-tick fire cap is too low for the load"
+                    );
+                }
+                // Let other tasks run between capped ticks.
+                tokio::task::yield_now().await;
+            } else {
+                carried_ticks = 0;
+            }
+            gauge!(t::WATERMARK_LAG_SECONDS, "shard" => label.clone())
+                .set(ctx.wall.now().since(w).as_secs_f64());
+        }
+        publish(&ctx, &mut out, arrived);
+        report(&engine, &label);
+    }
+    // Drain: answer what is already queued so no accepted batch is left without a reply.
+    rx.close();
+    while let Some(msg) = rx.recv().await {
+        let arrived = handle(&mut engine, msg, &mut out);
+        publish(&ctx, &mut out, arrived);
+    }
+    report(&engine, &label);
+}
+
+fn handle(engine: &mut Engine, msg: ShardMsg, out: &mut Vec<Event>) -> Option<Instant> {
+    match msg {
+        ShardMsg::Fixes {
+            fixes,
+            arrived,
+            reply,
+        } => {
+            let outcomes = fixes
+                .into_iter()
+                .map(|s| (s.index, engine.ingest(&s.fix, s.w, out)))
+                .collect();
+            let _ = reply.send(outcomes);
+            Some(arrived)
+        }
+        ShardMsg::UpsertFence(f) => {
+            engine.upsert_fence(f, out);
+            None
+        }
+        ShardMsg::RemoveFence(id) => {
+            engine.remove_fence(&id);
+            None
+        }
+        ShardMsg::Device { id, reply } => {
+            let _ = reply.send(engine.device(&id));
+            None
+        }
+        ShardMsg::Stats { reply } => {
+            let _ = reply.send(engine.stats());
+            None
+        }
+    }
+}
+
+fn publish(ctx: &ShardCtx, out: &mut Vec<Event>, arrived: Option<Instant>) {
+    if out.is_empty() {
+        return;
+    }
+    for e in out.iter() {
+        counter!(t::EVENTS_EMITTED, "type" => e.kind.as_str()).increment(1);
+    }
+    ctx.log.append(std::mem::take(out), ctx.wall.now());
+    if let Some(a) = arrived {
+        histogram!(t::INGEST_TO_EVENT_SECONDS).record(a.elapsed().as_secs_f64());
+    }
+}
+
+fn report(engine: &Engine, label: &str) {
+    let s = engine.stats();
+    let l = label.to_string();
+    gauge!(t::PAIRS_LIVE, "shard" => l.clone()).set(s.pairs as f64);
+    gauge!(t::DEVICES, "shard" => l.clone()).set(s.devices as f64);
+    gauge!(t::FIXES_BUFFERED, "shard" => l.clone()).set(s.buffered as f64);
+    gauge!(t::WHEEL_TIMERS_LIVE, "shard" => l.clone())
+        .set(s.wheel.entries.saturating_sub(s.wheel.tombstones) as f64);
+    gauge!(t::WHEEL_TOMBSTONES, "shard" => l.clone()).set(s.wheel.tombstones as f64);
+    gauge!(t::WHEEL_CARRY, "shard" => l).set(s.wheel.carry as f64);
+}

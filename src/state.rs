@@ -1,0 +1,83 @@
+//! Shared service state handed to every HTTP handler and WebSocket task.
+//!
+//! Invariants: fence writes are serialized by `fence_write` and broadcast to every shard in the
+//! same order, so all shards hold the same fences; the `fences` map is the API's read copy and is
+//! updated under that same serialization. In `event` mode the watermark is the maximum `ts` seen
+//! across all transports minus lateness, kept in an atomic and published to shards via `watch`.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Config;
+use crate::core::fences::{Fence, FenceLimits};
+use crate::core::time::Ts;
+use crate::events::EventLog;
+use crate::shard::{ShardMsg, WallClock};
+
+/// Shared state.
+#[derive(Debug)]
+pub struct AppState {
+    /// Validated configuration.
+    pub cfg: Config,
+    /// One sender per shard.
+    pub shards: Vec<mpsc::Sender<ShardMsg>>,
+    /// The event log.
+    pub log: Arc<EventLog>,
+    /// API read copy of the fences, by id.
+    pub fences: RwLock<BTreeMap<String, Arc<Fence>>>,
+    /// Serializes fence writes (and their broadcast to shards).
+    pub fence_write: tokio::sync::Mutex<()>,
+    /// Fence validation limits.
+    pub fence_limits: FenceLimits,
+    /// Wall clock.
+    pub wall: WallClock,
+    /// event mode: max ts seen (ms), `i64::MIN` before any.
+    pub max_seen: AtomicI64,
+    /// event mode: the watermark published to shards.
+    pub event_w: watch::Sender<Option<Ts>>,
+    /// Prometheus renderer.
+    pub metrics: PrometheusHandle,
+    /// Cancelled when shutdown starts.
+    pub shutdown: CancellationToken,
+    /// Tracks WebSocket tasks so shutdown can wait for them.
+    pub tasks: TaskTracker,
+}
+
+impl AppState {
+    /// event mode: notes `ts` and returns the watermark this fix arrived under.
+    pub fn observe_event_ts(&self, ts: Ts) -> Ts {
+        let prev = self.max_seen.fetch_max(ts.0, Ordering::AcqRel);
+        Ts(prev.max(ts.0)).minus(self.cfg.lateness)
+    }
+
+    /// event mode: publishes the current watermark to every shard (no-op in live mode or before
+    /// any fix).
+    pub fn publish_event_watermark(&self) {
+        let m = self.max_seen.load(Ordering::Acquire);
+        if m != i64::MIN {
+            let w = Ts(m).minus(self.cfg.lateness);
+            self.event_w.send_if_modified(|cur| {
+                if cur.is_none_or(|c| c < w) {
+                    *cur = Some(w);
+                    true
+                } else {
+                    false
+                }
+            });
+        }
+    }
+
+    /// The current watermark: live = wall - lateness; event = max seen - lateness.
+    pub fn watermark(&self) -> Option<Ts> {
+        match self.cfg.clock {
+            crate::config::ClockMode::Live => Some(self.wall.now().minus(self.cfg.lateness)),
+            crate::config::ClockMode::Event => *self.event_w.borrow(),
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! Metric names, their descriptions, the Prometheus recorder, and tracing setup.
+//!
+//! Every metric is named here, once, as `geodwell_<name>_<unit>[_total]` (Vector's convention), so
+//! the README's metrics list, the dashboards and the code cannot disagree. The recorder is global
+//! to the process (the `metrics` facade's model); [`install`] is idempotent so several servers in
+//! one test process share it.
+
+use std::sync::OnceLock;
+
+use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// Fixes received, by `transport` (`http`, `ws`).
+pub const FIXES_RECEIVED: &str = "geodwell_fixes_received_total";
+/// Fixes rejected, by `reason`.
+pub const FIXES_REJECTED: &str = "geodwell_fixes_rejected_total";
+/// Late fixes (counted, not applied).
+pub const FIXES_LATE: &str = "geodwell_fixes_late_total";
+/// Duplicate fixes (counted, not applied).
+pub const FIXES_DUPLICATE: &str = "geodwell_fixes_duplicate_total";
+/// Events emitted, by `type`.
+pub const EVENTS_EMITTED: &str = "geodwell_events_emitted_total";
+/// Live pair records, by `shard`.
+pub const PAIRS_LIVE: &str = "geodwell_pairs_live";
+/// Devices known, by `shard`.
+pub const DEVICES: &str = "geodwell_devices";
+/// Fixes waiting in reorder buffers, by `shard`.
+pub const FIXES_BUFFERED: &str = "geodwell_fixes_buffered";
+/// Live wheel timers, by `shard`.
+pub const WHEEL_TIMERS_LIVE: &str = "geodwell_wheel_timers_live";
+/// Wheel tombstones not yet dropped, by `shard`.
+pub const WHEEL_TOMBSTONES: &str = "geodwell_wheel_tombstones";
+/// Due timers carried to the next tick by the fire cap, by `shard`.
+pub const WHEEL_CARRY: &str = "geodwell_wheel_carry";
+/// Duration of one driver tick (watermark advance), seconds.
+pub const WHEEL_TICK_SECONDS: &str = "geodwell_wheel_tick_duration_seconds";
+/// From a batch's arrival to the publication of the events it caused, seconds.
+pub const INGEST_TO_EVENT_SECONDS: &str = "geodwell_ingest_to_event_latency_seconds";
+/// Wall clock minus watermark, seconds, by `shard`.
+pub const WATERMARK_LAG_SECONDS: &str = "geodwell_watermark_lag_seconds";
+/// Connected event subscribers.
+pub const SUBSCRIBERS: &str = "geodwell_subscribers";
+/// Subscribers closed for falling behind.
+pub const SUBSCRIBERS_LAGGED: &str = "geodwell_subscribers_lagged_total";
+/// Events sent to subscribers.
+pub const SUBSCRIBER_EVENTS_SENT: &str = "geodwell_subscriber_events_sent_total";
+/// HTTP requests, by matched `route`, `method` and `status`.
+pub const HTTP_REQUESTS: &str = "geodwell_http_requests_total";
+/// HTTP request duration, seconds, by matched `route`.
+pub const HTTP_REQUEST_SECONDS: &str = "geodwell_http_request_duration_seconds";
+/// Events held in the event log.
+pub const EVENT_LOG_EVENTS: &str = "geodwell_event_log_events";
+/// Fences loaded.
+pub const FENCES: &str = "geodwell_fences";
+
+/// Installs the Prometheus recorder once per process and returns its handle.
+pub fn install() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let latency_buckets = [
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                1.0, 2.5, 5.0,
+            ];
+            let tick_buckets = [
+                0.000_005, 0.00001, 0.000_025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.005,
+                0.01, 0.05,
+            ];
+            let recorder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Full(WHEEL_TICK_SECONDS.into()), &tick_buckets)
+                .and_then(|b| {
+                    b.set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &latency_buckets)
+                })
+                .map(|b| b.build_recorder());
+            let recorder = match recorder {
+                Ok(r) => r,
+                Err(_) => PrometheusBuilder::new().build_recorder(),
+            };
+            let handle = recorder.handle();
+            // Another recorder may already be installed (e.g. by an embedding program); then our
+            // handle renders only what it sees, which is still correct for our own metrics.
+            let _ = metrics::set_global_recorder(recorder);
+            describe();
+            handle
+        })
+        .clone()
+}
+
+fn describe() {
+    describe_counter!(FIXES_RECEIVED, "Fixes received, by transport.");
+    describe_counter!(FIXES_REJECTED, "Fixes rejected, by reason.");
+    describe_counter!(FIXES_LATE, "Late fixes: counted, not applied.");
+    describe_counter!(FIXES_DUPLICATE, "Duplicate fixes: counted, not applied.");
+    describe_counter!(EVENTS_EMITTED, "Events emitted, by type.");
+    describe_gauge!(PAIRS_LIVE, "Live device-fence pair records, by shard.");
+    describe_gauge!(DEVICES, "Devices known, by shard.");
+    describe_gauge!(FIXES_BUFFERED, "Fixes waiting for the watermark, by shard.");
+    describe_gauge!(WHEEL_TIMERS_LIVE, "Live timer-wheel entries, by shard.");
+    describe_gauge!(
+        WHEEL_TOMBSTONES,
+        "Cancelled wheel entries not yet dropped, by shard."
+    );
+    describe_gauge!(
+        WHEEL_CARRY,
+        "Due timers carried to the next tick by the fire cap."
+    );
+    describe_histogram!(WHEEL_TICK_SECONDS, Unit::Seconds, "Driver tick duration.");
+    describe_histogram!(
+        INGEST_TO_EVENT_SECONDS,
+        Unit::Seconds,
+        "From a batch's arrival to publication of the events it caused."
+    );
+    describe_gauge!(
+        WATERMARK_LAG_SECONDS,
+        Unit::Seconds,
+        "Wall clock minus watermark."
+    );
+    describe_gauge!(SUBSCRIBERS, "Connected event subscribers.");
+    describe_counter!(SUBSCRIBERS_LAGGED, "Subscribers closed for falling behind.");
+    describe_counter!(SUBSCRIBER_EVENTS_SENT, "Events sent to subscribers.");
+    describe_counter!(
+        HTTP_REQUESTS,
+        "HTTP requests, by matched route, method and status."
+    );
+    describe_histogram!(
+        HTTP_REQUEST_SECONDS,
+        Unit::Seconds,
+        "HTTP request duration."
+    );
+    describe_gauge!(EVENT_LOG_EVENTS, "Events held in the event log.");
+    describe_gauge!(FENCES, "Fences loaded.");
+}
+
+/// Sets up `tracing` to stderr, filtered by `GEODWELL_LOG` (default `info`).
+pub fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("GEODWELL_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
