@@ -231,12 +231,14 @@ fn z_sorted(fixes: &[[f64; 2]]) -> Vec<[f64; 2]> {
     v
 }
 
-/// Median of three timed runs, after one warm-up pass over a tenth of the fixes.
-fn measure(idx: &FenceIndex, fixes: &[[f64; 2]]) -> (f64, u64) {
+/// Median and best of three timed runs (seconds), after one warm-up pass over a tenth of the
+/// fixes, and the hit count. The best run is the least disturbed by other processes on a shared
+/// machine; the median is the headline.
+fn measure(idx: &FenceIndex, fixes: &[[f64; 2]]) -> (f64, f64, u64) {
     run(idx, &fixes[..fixes.len() / 10]);
     let mut runs: Vec<(f64, u64)> = (0..3).map(|_| run(idx, fixes)).collect();
     runs.sort_by(|a, b| a.0.total_cmp(&b.0));
-    runs[1]
+    (runs[1].0, runs[0].0, runs[1].1)
 }
 
 /// Validated fences in a bulk-loaded index and in an index built by one upsert per fence.
@@ -303,15 +305,15 @@ fn main() {
         "every large fence should use the edge grid"
     );
 
-    let (s_secs, s_hits) = measure(&sidx, &sfix);
-    let (s_inc_secs, s_inc_hits) = measure(&sidx_inc, &sfix);
+    let (s_secs, s_best, s_hits) = measure(&sidx, &sfix);
+    let (s_inc_secs, _, s_inc_hits) = measure(&sidx_inc, &sfix);
     assert_eq!(
         s_hits, s_inc_hits,
         "bulk-loaded and incremental trees must agree"
     );
-    let (l_secs, l_hits) = measure(&lidx, &lfix);
-    let (s_z_secs, s_z_hits) = measure(&sidx, &z_sorted(&sfix));
-    let (l_z_secs, l_z_hits) = measure(&lidx, &z_sorted(&lfix));
+    let (l_secs, l_best, l_hits) = measure(&lidx, &lfix);
+    let (s_z_secs, _, s_z_hits) = measure(&sidx, &z_sorted(&sfix));
+    let (l_z_secs, _, l_z_hits) = measure(&lidx, &z_sorted(&lfix));
     assert_eq!(
         (s_z_hits, l_z_hits),
         (s_hits, l_hits),
@@ -427,15 +429,17 @@ fn main() {
     println!("| what | fences | vertices | result | goal |");
     println!("| --- | ---: | ---: | ---: | ---: |");
     println!(
-        "| small mix: evaluations/s | {small_n} | {small_vertices} | {:.2} M/s ({:.0} ns/fix; {:.2} candidates, {:.3} hits per fix) | >= 2 M/s |",
+        "| small mix: evaluations/s | {small_n} | {small_vertices} | {:.2} M/s, best run {:.2} M/s ({:.0} ns/fix; {:.2} candidates, {:.3} hits per fix) | >= 2 M/s |",
         s_rate / 1e6,
+        fixes_n as f64 / s_best / 1e6,
         1e9 / s_rate,
         s_cands as f64 / fixes_n as f64,
         s_hits as f64 / fixes_n as f64
     );
     println!(
-        "| large mix: evaluations/s | {large_n} | {large_vertices} | {:.2} M/s ({:.0} ns/fix; {:.2} candidates, {:.3} hits per fix) | >= 1 M/s |",
+        "| large mix: evaluations/s | {large_n} | {large_vertices} | {:.2} M/s, best run {:.2} M/s ({:.0} ns/fix; {:.2} candidates, {:.3} hits per fix) | >= 1 M/s |",
         l_rate / 1e6,
+        fixes_n as f64 / l_best / 1e6,
         1e9 / l_rate,
         l_cands as f64 / fixes_n as f64,
         l_hits as f64 / fixes_n as f64
@@ -503,11 +507,13 @@ fn main() {
     let json = serde_json::json!({
         "fixes": fixes_n,
         "small": {"fences": small_n, "vertices": small_vertices, "evals_per_s": s_rate,
+                  "evals_per_s_best": fixes_n as f64 / s_best,
                   "candidates_per_fix": s_cands as f64 / fixes_n as f64,
                   "hits_per_fix": s_hits as f64 / fixes_n as f64,
                   "validate_s": s_validate, "insert_s": s_insert, "bulk_load_s": s_bulk,
                   "evals_per_s_upsert_built": fixes_n as f64 / s_inc_secs, "geometry_bytes": s_bytes},
         "large": {"fences": large_n, "vertices": large_vertices, "evals_per_s": l_rate,
+                  "evals_per_s_best": fixes_n as f64 / l_best,
                   "candidates_per_fix": l_cands as f64 / fixes_n as f64,
                   "hits_per_fix": l_hits as f64 / fixes_n as f64,
                   "validate_s": l_validate, "insert_s": l_insert, "bulk_load_s": l_bulk, "geometry_bytes": l_bytes},

@@ -1,11 +1,13 @@
 //! Event reading: `GET /v1/events` (polling) and `GET /v1/events/ws` (subscription).
 //!
-//! A subscriber is a cursor into the shared event log, not a queue of its own: it reads from the
-//! log when the log's head moves. Its "queue" is the distance between its cursor and the head;
-//! when that exceeds `subscriber_queue`, or the log has already dropped the cursor's position, it
-//! is sent `{"type":"lagged","resume_from":N}` and closed. Reconnecting with `from_seq=N` resumes
-//! without loss while the log still holds `N`. Memory per subscriber is therefore bounded by one
-//! read chunk, whatever the event rate.
+//! A subscriber is a cursor into the shared event log, not a copy of it: it reads from the log in
+//! chunks when the log's head moves, so its memory is one chunk whatever the event rate. Its
+//! queue is the range between its cursor and the log head. Once it has caught up with the head,
+//! a queue longer than `subscriber_queue` (or a send that stays blocked for
+//! [`SEND_TIMEOUT`]) means it fell behind: it is sent `{"type":"lagged","resume_from":N}` and
+//! closed. Replaying a backlog (`from_seq` in the past) is not falling behind: only retention
+//! overtaking the cursor ends such a replay. Reconnecting with `from_seq=N` resumes without loss
+//! while the log still holds `N`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,6 +26,9 @@ use crate::state::AppState;
 use crate::telemetry as t;
 
 const CHUNK: usize = 512;
+
+/// How long one send to a subscriber may block before it counts as fallen behind.
+pub const SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 fn parse_u64(q: &HashMap<String, String>, key: &str) -> Result<Option<u64>, ApiError> {
     q.get(key)
@@ -138,20 +143,35 @@ pub async fn subscribe(
     check_known(&q, &["from_seq", "types", "fence", "device"])?;
     let from = parse_u64(&q, "from_seq")?;
     let filter = Filter::parse(&q)?;
-    let start = from.unwrap_or_else(|| st.log.next_seq());
+    // A start older than the log holds is clamped to the oldest event held; when the client
+    // asked for a specific seq that is gone, its first frame says which range it missed.
+    let held = st.log.read(0, 0);
+    let start = from.unwrap_or(held.next_seq).max(held.first_seq);
+    let gap = from.filter(|&f| f > 0 && f < held.first_seq);
     let tasks = st.tasks.clone();
     Ok(ws.on_upgrade(move |socket| async move {
         // Tracked so that shutdown waits for the goodbye frame.
         tasks
-            .spawn(run_subscriber(st, socket, start, filter))
+            .spawn(run_subscriber(st, socket, start, from.is_none(), gap, filter))
             .await
             .ok();
     }))
 }
 
-async fn run_subscriber(st: Arc<AppState>, socket: WebSocket, mut cursor: u64, filter: Filter) {
+async fn run_subscriber(
+    st: Arc<AppState>,
+    socket: WebSocket,
+    mut cursor: u64,
+    mut caught_up: bool,
+    gap: Option<u64>,
+    filter: Filter,
+) {
     gauge!(t::SUBSCRIBERS).increment(1.0);
     let (mut tx, mut rx) = socket.split();
+    if let Some(from) = gap {
+        let frame = format!("{{\"type\":\"gap\",\"missing_from\":{from},\"resume_from\":{cursor}}}");
+        let _ = tx.send(Message::Text(frame.into())).await;
+    }
     let mut head = st.log.watch();
     let close = |code, reason: &'static str| {
         Message::Close(Some(CloseFrame {
@@ -164,28 +184,37 @@ async fn run_subscriber(st: Arc<AppState>, socket: WebSocket, mut cursor: u64, f
         loop {
             let r = st.log.read(cursor, CHUNK);
             let behind = r.next_seq.saturating_sub(cursor);
-            if cursor < r.first_seq || behind > st.cfg.subscriber_queue as u64 {
+            if cursor < r.first_seq || (caught_up && behind > st.cfg.subscriber_queue as u64) {
                 counter!(t::SUBSCRIBERS_LAGGED).increment(1);
                 let frame = format!("{{\"type\":\"lagged\",\"resume_from\":{cursor}}}");
-                let _ = tx.send(Message::Text(frame.into())).await;
-                let _ = tx.send(close(close_code::POLICY, "lagged")).await;
+                let bye = async {
+                    tx.send(Message::Text(frame.into())).await?;
+                    tx.send(close(close_code::POLICY, "lagged")).await
+                };
+                let _ = tokio::time::timeout(SEND_TIMEOUT, bye).await;
                 break 'outer;
             }
             if r.events.is_empty() {
+                caught_up = true;
                 break;
             }
             for e in &r.events {
-                cursor = e.event.seq + 1;
                 if filter.matches(&e.event) {
-                    if tx
-                        .send(Message::Text(Utf8Bytes::from(&*e.json)))
-                        .await
-                        .is_err()
-                    {
-                        break 'outer;
+                    let sent = tokio::time::timeout(
+                        SEND_TIMEOUT,
+                        tx.send(Message::Text(Utf8Bytes::from(&*e.json))),
+                    )
+                    .await;
+                    match sent {
+                        Ok(Ok(())) => counter!(t::SUBSCRIBER_EVENTS_SENT).increment(1),
+                        Ok(Err(_)) => break 'outer,
+                        Err(_) => {
+                            counter!(t::SUBSCRIBERS_LAGGED).increment(1);
+                            break 'outer;
+                        }
                     }
-                    counter!(t::SUBSCRIBER_EVENTS_SENT).increment(1);
                 }
+                cursor = e.event.seq + 1;
             }
         }
         tokio::select! {

@@ -328,7 +328,7 @@ fn bucket_slots(w: &Wheel, lvl: usize, idx: usize) -> Vec<u32> {
         let chunk = &w.pool.chunks[c as usize];
         let n = (b.len as usize - v.len()).min(CHUNK);
         v.extend(chunk.entries[..n].iter().map(|e| e.slot));
-        c = chunk.next;
+        c = w.pool.next[c as usize];
     }
     v
 }
