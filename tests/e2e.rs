@@ -10,16 +10,34 @@ use futures_util::SinkExt;
 use serde_json::{Value, json};
 
 fn kinds(evs: &[Value]) -> Vec<String> {
-    evs.iter().map(|e| e["type"].as_str().unwrap_or("?").to_string()).collect()
+    evs.iter()
+        .map(|e| e["type"].as_str().unwrap_or("?").to_string())
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enter_dwell_exit_in_event_mode() {
     let srv = start("[time]\nclock = \"event\"\nlateness = \"0s\"\n").await;
-    assert_eq!(srv.put_fence("depot", square("depot", json!({"dwell": ["10m"], "tags": {"site": "north"}}))).await.status(), 201);
+    assert_eq!(
+        srv.put_fence(
+            "depot",
+            square(
+                "depot",
+                json!({"dwell": ["10m"], "tags": {"site": "north"}})
+            )
+        )
+        .await
+        .status(),
+        201
+    );
     let mut sub = srv.ws("/v1/events/ws?from_seq=0").await;
 
-    let (status, rep) = srv.post_fixes(json!([fix("truck-17", 0, true), fix("truck-17", 300, true)])).await;
+    let (status, rep) = srv
+        .post_fixes(json!([
+            fix("truck-17", 0, true),
+            fix("truck-17", 300, true)
+        ]))
+        .await;
     assert_eq!(status, 200, "{rep}");
     assert_eq!(rep["accepted"], 2);
     // Another device moves the watermark past the deadline (event time, not wall time).
@@ -28,10 +46,17 @@ async fn enter_dwell_exit_in_event_mode() {
 
     let mut got = Vec::new();
     while got.len() < 3 {
-        got.push(next_json(&mut sub, Duration::from_secs(10)).await.expect("event arrives"));
+        got.push(
+            next_json(&mut sub, Duration::from_secs(10))
+                .await
+                .expect("event arrives"),
+        );
     }
     assert_eq!(kinds(&got), vec!["enter", "dwell", "exit"]);
-    assert_eq!(got[1]["at"], "2026-01-01T00:10:00.000Z", "DWELL at is entered_at + 10m exactly");
+    assert_eq!(
+        got[1]["at"], "2026-01-01T00:10:00.000Z",
+        "DWELL at is entered_at + 10m exactly"
+    );
     assert_eq!(got[1]["dwell_s"], 600);
     assert_eq!(got[2]["duration_s"], 700);
     assert_eq!(got[0]["tags"]["site"], "north");
@@ -39,33 +64,60 @@ async fn enter_dwell_exit_in_event_mode() {
     assert_eq!(seqs, vec![1, 2, 3], "seq is gap-free");
     // The same events through polling, and the device's state.
     let polled = srv.events(3).await;
-    assert_eq!(polled.iter().map(|e| e["id"].clone()).collect::<Vec<_>>(), got.iter().map(|e| e["id"].clone()).collect::<Vec<_>>());
+    assert_eq!(
+        polled.iter().map(|e| e["id"].clone()).collect::<Vec<_>>(),
+        got.iter().map(|e| e["id"].clone()).collect::<Vec<_>>()
+    );
     let (s, dev) = srv.get("/v1/devices/truck-17").await;
     assert_eq!(s, 200);
-    assert_eq!(dev["pairs"].as_array().unwrap().len(), 0, "the visit is over: {dev}");
+    assert_eq!(
+        dev["pairs"].as_array().unwrap().len(),
+        0,
+        "the visit is over: {dev}"
+    );
     srv.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enter_dwell_exit_in_live_mode_with_a_short_dwell() {
     let srv = start("[time]\nclock = \"live\"\nlateness = \"0s\"\ntick = \"100ms\"\n").await;
-    srv.put_fence("bay", square("bay", json!({"dwell": ["2s"], "stale_after": "off"}))).await;
+    srv.put_fence(
+        "bay",
+        square("bay", json!({"dwell": ["2s"], "stale_after": "off"})),
+    )
+    .await;
     let mut sub = srv.ws("/v1/events/ws").await;
     let now = || chrono::Utc::now().timestamp_millis();
     let t0 = now();
-    let (status, rep) = srv.post_fixes(json!({"device": "van-1", "ts": t0, "lat": 50.005, "lon": 10.005})).await;
+    let (status, rep) = srv
+        .post_fixes(json!({"device": "van-1", "ts": t0, "lat": 50.005, "lon": 10.005}))
+        .await;
     assert_eq!((status, rep["accepted"].clone()), (200, json!(1)), "{rep}");
-    let enter = next_json(&mut sub, Duration::from_secs(5)).await.expect("ENTER");
+    let enter = next_json(&mut sub, Duration::from_secs(5))
+        .await
+        .expect("ENTER");
     assert_eq!(enter["type"], "enter");
     // Nothing else arrives: the device stays; DWELL fires from the wall clock alone.
-    let dwell = next_json(&mut sub, Duration::from_secs(10)).await.expect("DWELL");
+    let dwell = next_json(&mut sub, Duration::from_secs(10))
+        .await
+        .expect("DWELL");
     assert_eq!(dwell["type"], "dwell");
-    let at = chrono::DateTime::parse_from_rfc3339(dwell["at"].as_str().unwrap()).unwrap().timestamp_millis();
+    let at = chrono::DateTime::parse_from_rfc3339(dwell["at"].as_str().unwrap())
+        .unwrap()
+        .timestamp_millis();
     assert_eq!(at, t0 + 2000, "at is the deadline, not the firing time");
-    let emitted = chrono::DateTime::parse_from_rfc3339(dwell["emitted_at"].as_str().unwrap()).unwrap().timestamp_millis();
-    assert!(emitted >= at, "never early: emitted {emitted} < deadline {at}");
-    srv.post_fixes(json!({"device": "van-1", "ts": now(), "lat": 50.05, "lon": 10.05})).await;
-    let exit = next_json(&mut sub, Duration::from_secs(5)).await.expect("EXIT");
+    let emitted = chrono::DateTime::parse_from_rfc3339(dwell["emitted_at"].as_str().unwrap())
+        .unwrap()
+        .timestamp_millis();
+    assert!(
+        emitted >= at,
+        "never early: emitted {emitted} < deadline {at}"
+    );
+    srv.post_fixes(json!({"device": "van-1", "ts": now(), "lat": 50.05, "lon": 10.05}))
+        .await;
+    let exit = next_json(&mut sub, Duration::from_secs(5))
+        .await
+        .expect("EXIT");
     assert_eq!(exit["type"], "exit");
     srv.stop().await;
 }
@@ -75,21 +127,32 @@ async fn a_subscriber_resumes_from_seq_after_a_disconnect() {
     let srv = start("[time]\nclock = \"event\"\nlateness = \"0s\"\n").await;
     srv.put_fence("a", square("a", json!({}))).await;
     let mut sub = srv.ws("/v1/events/ws?from_seq=1&types=enter").await;
-    srv.post_fixes(json!([fix("d1", 0, true), fix("d2", 1, true)])).await;
+    srv.post_fixes(json!([fix("d1", 0, true), fix("d2", 1, true)]))
+        .await;
     let first = next_json(&mut sub, Duration::from_secs(5)).await.unwrap();
     let seq = first["seq"].as_u64().unwrap();
     drop(sub);
     // While disconnected: more events.
-    srv.post_fixes(json!([fix("d3", 2, true), fix("d1", 3, false)])).await;
-    let mut sub = srv.ws(&format!("/v1/events/ws?from_seq={}&types=enter", seq + 1)).await;
+    srv.post_fixes(json!([fix("d3", 2, true), fix("d1", 3, false)]))
+        .await;
+    let mut sub = srv
+        .ws(&format!("/v1/events/ws?from_seq={}&types=enter", seq + 1))
+        .await;
     let mut rest = Vec::new();
     while let Some(e) = next_json(&mut sub, Duration::from_millis(1500)).await {
         rest.push(e);
     }
     let devices: Vec<&str> = rest.iter().map(|e| e["device"].as_str().unwrap()).collect();
-    assert_eq!(rest.len(), 2, "exactly the ENTERs after the last seen seq: {rest:?}");
+    assert_eq!(
+        rest.len(),
+        2,
+        "exactly the ENTERs after the last seen seq: {rest:?}"
+    );
     assert!(devices.contains(&"d3"));
-    assert!(rest.iter().all(|e| e["type"] == "enter"), "types filter holds");
+    assert!(
+        rest.iter().all(|e| e["type"] == "enter"),
+        "types filter holds"
+    );
     // fence glob and device filters
     let mut by_dev = srv.ws("/v1/events/ws?from_seq=0&device=d1&fence=a*").await;
     let d1: Vec<Value> = {
@@ -101,19 +164,27 @@ async fn a_subscriber_resumes_from_seq_after_a_disconnect() {
     };
     assert_eq!(kinds(&d1), vec!["enter", "exit"]);
     let mut no_match = srv.ws("/v1/events/ws?from_seq=0&fence=zzz*").await;
-    assert!(next_json(&mut no_match, Duration::from_millis(800)).await.is_none());
+    assert!(
+        next_json(&mut no_match, Duration::from_millis(800))
+            .await
+            .is_none()
+    );
     srv.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscriber_that_falls_behind_is_told_and_can_resume_without_loss() {
-    let srv = start("[time]\nclock = \"event\"\nlateness = \"0s\"\n[events]\nsubscriber_queue = 5\n").await;
+    let srv =
+        start("[time]\nclock = \"event\"\nlateness = \"0s\"\n[events]\nsubscriber_queue = 5\n")
+            .await;
     srv.put_fence("a", square("a", json!({}))).await;
     let mut sub = srv.ws("/v1/events/ws").await;
     // One request makes 20 ENTERs at once: more than the subscriber's queue of 5.
     let fixes: Vec<Value> = (0..20).map(|i| fix(&format!("dev-{i}"), i, true)).collect();
     srv.post_fixes(Value::Array(fixes)).await;
-    let lagged = next_json(&mut sub, Duration::from_secs(5)).await.expect("lagged frame");
+    let lagged = next_json(&mut sub, Duration::from_secs(5))
+        .await
+        .expect("lagged frame");
     assert_eq!(lagged["type"], "lagged", "{lagged}");
     let resume = lagged["resume_from"].as_u64().unwrap();
     assert_eq!(close_code(&mut sub).await, Some(1008));
@@ -124,8 +195,21 @@ async fn a_subscriber_that_falls_behind_is_told_and_can_resume_without_loss() {
         got.push(e["seq"].as_u64().unwrap());
     }
     assert_eq!(got, (resume..resume + 20).collect::<Vec<_>>());
-    let (_, m) = (0, srv.http.get(srv.url("/metrics")).send().await.unwrap().text().await.unwrap());
-    assert!(m.contains("geodwell_subscribers_lagged_total"), "lagged metric exported");
+    let (_, m) = (
+        0,
+        srv.http
+            .get(srv.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+    );
+    assert!(
+        m.contains("geodwell_subscribers_lagged_total"),
+        "lagged metric exported"
+    );
     srv.stop().await;
 }
 
@@ -134,12 +218,24 @@ async fn shutdown_with_clients_connected_closes_them_and_exits_cleanly() {
     let srv = start("[time]\nclock = \"event\"\n").await;
     let mut sub = srv.ws("/v1/events/ws").await;
     let mut ing = srv.ws("/v1/ingest/ws").await;
-    ing.send(tokio_tungstenite::tungstenite::Message::Text(fix("x", 0, true).to_string().into())).await.unwrap();
+    ing.send(tokio_tungstenite::tungstenite::Message::Text(
+        fix("x", 0, true).to_string().into(),
+    ))
+    .await
+    .unwrap();
     let rep = next_json(&mut ing, Duration::from_secs(5)).await.unwrap();
     assert_eq!(rep["accepted"], 1);
     srv.run.shutdown.cancel();
-    assert_eq!(close_code(&mut sub).await, Some(1001), "subscriber told the server is going away");
-    assert_eq!(close_code(&mut ing).await, Some(1001), "ingest socket told too");
+    assert_eq!(
+        close_code(&mut sub).await,
+        Some(1001),
+        "subscriber told the server is going away"
+    );
+    assert_eq!(
+        close_code(&mut ing).await,
+        Some(1001),
+        "ingest socket told too"
+    );
     let res = tokio::time::timeout(Duration::from_secs(15), srv.run.handle).await;
     assert!(matches!(res, Ok(Ok(Ok(())))), "{res:?}");
 }
@@ -147,8 +243,19 @@ async fn shutdown_with_clients_connected_closes_them_and_exits_cleanly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_health_and_readiness() {
     let srv = start("").await;
-    srv.post_fixes(json!({"device": "m", "ts": chrono::Utc::now().timestamp_millis(), "lat": 1.0, "lon": 1.0})).await;
-    let m = srv.http.get(srv.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    srv.post_fixes(
+        json!({"device": "m", "ts": chrono::Utc::now().timestamp_millis(), "lat": 1.0, "lon": 1.0}),
+    )
+    .await;
+    let m = srv
+        .http
+        .get(srv.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     for name in [
         "geodwell_fixes_received_total",
         "geodwell_http_requests_total",
@@ -161,7 +268,10 @@ async fn metrics_health_and_readiness() {
     ] {
         assert!(m.contains(name), "{name} missing from /metrics");
     }
-    assert!(m.contains("route=\"/v1/fixes\""), "requests are labelled by matched route");
+    assert!(
+        m.contains("route=\"/v1/fixes\""),
+        "requests are labelled by matched route"
+    );
     assert_eq!(srv.get("/healthz").await.0, 200);
     let (s, r) = srv.get("/readyz").await;
     assert_eq!((s, r["status"].clone()), (200, json!("ready")));

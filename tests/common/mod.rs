@@ -10,7 +10,8 @@ use geodwell::config::Config;
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
-pub type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+pub type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 /// A running server plus an HTTP client pointed at it.
 pub struct Srv {
@@ -22,7 +23,9 @@ pub struct Srv {
 /// Config text merged over the defaults; `listen` is forced to an ephemeral loopback port and no
 /// fences file is preloaded unless the text sets one.
 pub fn config(extra: &str) -> Config {
-    let mut text = String::from("[server]\nlisten = \"127.0.0.1:0\"\nshards = 2\n[fences]\nfences_file = \"\"\n");
+    let mut text = String::from(
+        "[server]\nlisten = \"127.0.0.1:0\"\nshards = 2\n[fences]\nfences_file = \"\"\n",
+    );
     text.push_str(extra);
     // Later duplicate sections would be a TOML error, so callers pass whole sections only for
     // sections not above ([time], [ingest], [events]).
@@ -36,7 +39,11 @@ pub async fn start(extra: &str) -> Srv {
 pub async fn start_cfg(cfg: Config) -> Srv {
     let run = geodwell::start(cfg).await.expect("server starts");
     let base = format!("http://{}", run.addr);
-    Srv { run, base, http: reqwest::Client::new() }
+    Srv {
+        run,
+        base,
+        http: reqwest::Client::new(),
+    }
 }
 
 impl Srv {
@@ -45,11 +52,22 @@ impl Srv {
     }
 
     pub async fn put_fence(&self, id: &str, feature: Value) -> reqwest::Response {
-        self.http.put(self.url(&format!("/v1/fences/{id}"))).json(&feature).send().await.unwrap()
+        self.http
+            .put(self.url(&format!("/v1/fences/{id}")))
+            .json(&feature)
+            .send()
+            .await
+            .unwrap()
     }
 
     pub async fn post_fixes(&self, fixes: Value) -> (u16, Value) {
-        let r = self.http.post(self.url("/v1/fixes")).json(&fixes).send().await.unwrap();
+        let r = self
+            .http
+            .post(self.url("/v1/fixes"))
+            .json(&fixes)
+            .send()
+            .await
+            .unwrap();
         let status = r.status().as_u16();
         (status, r.json().await.unwrap_or(Value::Null))
     }
@@ -62,7 +80,9 @@ impl Srv {
 
     pub async fn ws(&self, path: &str) -> Ws {
         let url = format!("ws://{}{}", self.run.addr, path);
-        let (ws, _) = tokio_tungstenite::connect_async(url).await.expect("websocket connects");
+        let (ws, _) = tokio_tungstenite::connect_async(url)
+            .await
+            .expect("websocket connects");
         ws
     }
 
@@ -82,7 +102,10 @@ impl Srv {
     pub async fn stop(self) {
         self.run.shutdown.cancel();
         let res = tokio::time::timeout(Duration::from_secs(15), self.run.handle).await;
-        assert!(matches!(res, Ok(Ok(Ok(())))), "server stops cleanly: {res:?}");
+        assert!(
+            matches!(res, Ok(Ok(Ok(())))),
+            "server stops cleanly: {res:?}"
+        );
     }
 }
 
@@ -128,6 +151,10 @@ pub fn square(id: &str, props: Value) -> Value {
 pub const T0: i64 = 1_767_225_600_000;
 
 pub fn fix(dev: &str, secs: i64, inside: bool) -> Value {
-    let (lat, lon) = if inside { (50.005, 10.005) } else { (50.05, 10.05) };
+    let (lat, lon) = if inside {
+        (50.005, 10.005)
+    } else {
+        (50.05, 10.05)
+    };
     json!({"device": dev, "ts": T0 + secs * 1000, "lat": lat, "lon": lon})
 }

@@ -1,0 +1,195 @@
+//! A deliberately naive reference implementation of DESIGN sections 2-4, used as a test oracle.
+//!
+//! It sees the whole trace at once and reads the rules directly: per device and fence it walks the
+//! applied fixes in event-time order to find visits (debounce, hysteresis, accuracy filter, run
+//! expiry), then judges every threshold of every visit on its own: deadline passed, EXIT not at or
+//! before it, STALE from the device's full fix list, the EXIT run pending at the deadline and its
+//! outcome, release of a STALE dwell by a later fix that does not count as outside. It shares no
+//! code or state machine with [`crate::core::engine`], is quadratic in places, and is not for
+//! production use.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::core::event::Event;
+use crate::core::fences::{Fence, FenceSettings};
+use crate::core::fix::Fix;
+use crate::core::time::{Dur, Ts};
+
+/// The events DESIGN sections 2-4 define for `fixes` once the watermark has reached `w_final`
+/// (every fix with `ts <= w_final` applied; fixes arrive within the lateness, so none is late).
+/// Sorted by (device, fence, at, kind).
+pub fn expected_events(fences: &[Arc<Fence>], fixes: &[Fix], w_final: Ts) -> Vec<Event> {
+    let mut by_dev: BTreeMap<Arc<str>, Vec<&Fix>> = BTreeMap::new();
+    for f in fixes.iter().filter(|f| f.ts <= w_final) {
+        by_dev.entry(f.device.clone()).or_default().push(f);
+    }
+    let mut events = Vec::new();
+    for (dev, mut fx) in by_dev {
+        fx.sort_by(|a, b| a.order(b));
+        fx.dedup_by(|b, a| a.ts == b.ts); // keeps the first in (ts, lat, lon) order
+        for fence in fences {
+            naive_pair(&dev, fence, &fx, w_final, &mut events);
+        }
+    }
+    events.sort_by(|a, b| {
+        (&a.device, &a.fence, a.at, a.kind, a.dwell_s)
+            .cmp(&(&b.device, &b.fence, b.at, b.kind, b.dwell_s))
+    });
+    events
+}
+
+#[derive(Clone, Copy)]
+struct Run1 {
+    first: Ts,
+    last: Ts,
+    count: u8,
+}
+
+struct Visit {
+    entered_at: Ts,
+    /// (EXIT time, ts of the fix that confirmed it)
+    exit: Option<(Ts, Ts)>,
+}
+
+fn naive_pair(dev: &Arc<str>, fence: &Fence, all: &[&Fix], w_final: Ts, events: &mut Vec<Event>) {
+    let s = &fence.settings;
+    let cw = s.confirm_within;
+    let ignored = |f: &Fix| matches!((f.accuracy, s.max_accuracy_m), (Some(a), Some(m)) if a > m);
+    let fx: Vec<&Fix> = all.iter().copied().filter(|f| !ignored(f)).collect();
+    let in_geom = |f: &Fix| fence.contains(f.lon, f.lat);
+    let counts_outside = |f: &Fix| {
+        let in_buffer = s.exit_buffer_m > 0.0 && fence.distance_m(f.lon, f.lat) <= s.exit_buffer_m;
+        !in_geom(f) && !in_buffer
+    };
+
+    // Pass 1: visits, and after each fix the pair's (inside, run) state.
+    let mut visits: Vec<Visit> = Vec::new();
+    let mut after: Vec<(bool, Option<Run1>)> = Vec::new();
+    let (mut inside, mut run): (bool, Option<Run1>) = (false, None);
+    for f in &fx {
+        if run.is_some_and(|r| f.ts.since(r.last) > cw) {
+            run = None;
+        }
+        let push = |run: Option<Run1>| match run {
+            Some(r) => Run1 {
+                last: f.ts,
+                count: r.count + 1,
+                ..r
+            },
+            None => Run1 {
+                first: f.ts,
+                last: f.ts,
+                count: 1,
+            },
+        };
+        if inside {
+            if counts_outside(f) {
+                let r = push(run);
+                if r.count >= s.exit_confirm {
+                    visits.last_mut().unwrap().exit = Some((r.first, f.ts));
+                    inside = false;
+                    run = None;
+                } else {
+                    run = Some(r);
+                }
+            } else {
+                run = None;
+            }
+        } else if in_geom(f) {
+            let r = push(run);
+            if r.count >= s.enter_confirm {
+                visits.push(Visit {
+                    entered_at: r.first,
+                    exit: None,
+                });
+                inside = true;
+                run = None;
+            } else {
+                run = Some(r);
+            }
+        } else {
+            run = None;
+        }
+        after.push((inside, run));
+    }
+
+    for v in &visits {
+        events.push(Event::enter(dev, &fence.id, v.entered_at, &s.tags));
+        if let Some((x, _)) = v.exit {
+            events.push(Event::exit(dev, &fence.id, v.entered_at, x, &s.tags));
+        }
+        for &dur in &s.dwell {
+            if dwell_fires(v, dur, s, &fx, &after, all, w_final, &counts_outside) {
+                events.push(Event::dwell(dev, &fence.id, v.entered_at, dur, &s.tags));
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn dwell_fires(
+    v: &Visit,
+    dur: Dur,
+    s: &FenceSettings,
+    fx: &[&Fix],
+    after: &[(bool, Option<Run1>)],
+    all: &[&Fix],
+    w_final: Ts,
+    counts_outside: &dyn Fn(&Fix) -> bool,
+) -> bool {
+    let d = v.entered_at.plus(dur);
+    if d >= w_final {
+        return false; // the deadline has not passed yet
+    }
+    if v.exit.is_some_and(|(x, _)| x <= d) {
+        return false; // the visit was over by the deadline
+    }
+    // STALE: the device's latest fix (any fence, ignored or not) at or before d.
+    let latest = all.iter().filter(|f| f.ts <= d).map(|f| f.ts).max();
+    let released = match (s.stale_after, latest) {
+        (None, _) => true,
+        (Some(limit), Some(l)) => d.since(l) <= limit,
+        (Some(_), None) => false,
+    };
+    // The EXIT run pending at d (only while the visit is confirmed inside at d).
+    let k = fx
+        .iter()
+        .rposition(|f| f.ts <= d)
+        .expect("the visit's first fix is <= d");
+    let mut blocking = match after[k] {
+        (true, Some(r)) if d <= r.last.plus(s.confirm_within) => Some(r),
+        _ => None,
+    };
+    if blocking.is_none() && released {
+        return true;
+    }
+    let end = v.exit.map(|(_, confirm)| confirm);
+    for f in fx.iter().filter(|f| f.ts > d) {
+        if let Some(r) = blocking
+            && f.ts.since(r.last) > s.confirm_within
+        {
+            blocking = None; // the run expired before this fix
+            if released {
+                return true;
+            }
+        }
+        if end.is_some_and(|e| f.ts >= e) {
+            return false; // the visit ended (this fix confirmed its EXIT)
+        }
+        if counts_outside(f) {
+            if let Some(r) = &mut blocking {
+                r.last = f.ts;
+            }
+        } else {
+            // A fix that does not count as outside breaks any run and releases a STALE dwell.
+            return true;
+        }
+    }
+    if let Some(r) = blocking
+        && w_final > r.last.plus(s.confirm_within)
+    {
+        return released;
+    }
+    blocking.is_none() && released
+}
