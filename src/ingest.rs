@@ -237,3 +237,120 @@ pub async fn submit(
     report.rejected = report.errors.len();
     Ok(report)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::atomic::AtomicI64;
+
+    use serde_json::json;
+    use tokio::sync::{mpsc, watch};
+    use tokio_util::sync::CancellationToken;
+    use tokio_util::task::TaskTracker;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::core::time::Dur;
+    use crate::events::EventLog;
+    use crate::shard::WallClock;
+
+    fn state(queue: usize) -> (AppState, Vec<mpsc::Receiver<ShardMsg>>) {
+        let cfg = Config::load(
+            Some((
+                "t",
+                "[time]\nclock = \"event\"\n[fences]\nfences_file = \"\"\n",
+            )),
+            &BTreeMap::new(),
+            2,
+        )
+        .unwrap();
+        let (senders, receivers): (Vec<_>, Vec<_>) = (0..2).map(|_| mpsc::channel(queue)).unzip();
+        let st = AppState {
+            fence_limits: crate::fence_limits(&cfg),
+            cfg,
+            shards: senders,
+            log: Arc::new(EventLog::new(10, Dur::from_secs(60), 1)),
+            fences: Default::default(),
+            fence_write: tokio::sync::Mutex::new(()),
+            wall: WallClock::start(),
+            max_seen: AtomicI64::new(i64::MIN),
+            event_w: watch::channel(None).0,
+            metrics: crate::telemetry::install(),
+            shutdown: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+        };
+        (st, receivers)
+    }
+
+    use std::sync::Arc;
+
+    #[tokio::test]
+    async fn a_full_shard_queue_rejects_the_whole_batch_before_sending_anything() {
+        let (st, mut rx) = state(1);
+        // Fill shard queues: the shards are stalled (nobody reads the receivers).
+        for s in &st.shards {
+            s.try_send(ShardMsg::RemoveFence(Arc::from("x"))).unwrap();
+        }
+        let items = (0..20)
+            .map(|i| Ok(json!({"device": format!("d{i}"), "ts": 1000 + i, "lat": 1.0, "lon": 1.0})))
+            .collect();
+        assert_eq!(
+            submit(&st, "http", items).await,
+            Err(BatchError::Overloaded)
+        );
+        // Nothing of the batch reached any shard: each queue still holds only the filler.
+        for r in &mut rx {
+            assert!(matches!(r.try_recv(), Ok(ShardMsg::RemoveFence(_))));
+            assert!(r.try_recv().is_err());
+        }
+        // And the HTTP answer is 503 with Retry-After.
+        let resp = axum::response::IntoResponse::into_response(crate::http::error::ApiError::from(
+            BatchError::Overloaded,
+        ));
+        assert_eq!(resp.status(), 503);
+        assert_eq!(resp.headers()["retry-after"], "1");
+    }
+
+    #[tokio::test]
+    async fn items_are_validated_with_their_index() {
+        let (st, _rx) = state(8);
+        let wall = st.wall.now();
+        let bad = [
+            (json!({"lat": 1.0, "lon": 1.0, "ts": 1}), "missing_field"),
+            (
+                json!({"device": "d", "lat": "1", "lon": 1.0, "ts": 1}),
+                "invalid_fix",
+            ),
+            (
+                json!({"device": "d", "lat": 91.0, "lon": 1.0, "ts": 1}),
+                "invalid_fix",
+            ),
+            (
+                json!({"device": "d", "lat": 1.0, "lon": 1.0}),
+                "missing_field",
+            ),
+            (
+                json!({"device": "d", "lat": 1.0, "lon": 1.0, "ts": "yesterday"}),
+                "invalid_ts",
+            ),
+            (
+                json!({"device": "d", "lat": 1.0, "lon": 1.0, "ts": -5}),
+                "invalid_ts",
+            ),
+            (
+                json!({"device": "d", "lat": 1.0, "lon": 1.0, "ts": 1.5}),
+                "invalid_ts",
+            ),
+            (
+                json!({"device": "", "lat": 1.0, "lon": 1.0, "ts": 1}),
+                "invalid_fix",
+            ),
+            (json!([1]), "invalid_fix"),
+        ];
+        for (v, code) in bad {
+            assert_eq!(parse_fix(&v, &st, wall).unwrap_err().0, code, "{v}");
+        }
+        let ok = json!({"device": "d", "lat": 1.0, "lon": 1.0, "ts": "2026-01-01T00:00:00+01:00", "accuracy": 5, "speed": 3.2, "heading": 90, "attrs": {"x": 1}});
+        assert!(parse_fix(&ok, &st, wall).is_ok());
+    }
+}

@@ -1,0 +1,102 @@
+//! The binary as users run it: `geodwell serve` answers, and SIGTERM drains and exits 0;
+//! `geodwell check-config` reports every error at once.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_geodwell");
+
+#[test]
+fn serve_answers_then_exits_zero_on_sigterm() {
+    let mut child = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--clock",
+            "event",
+            "--lateness",
+            "0s",
+            "--shards",
+            "2",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("GEODWELL_LOG", "info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("binary starts");
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    let addr = loop {
+        let line = lines.next().expect("log line").expect("utf-8 log");
+        if let Some(rest) = line.split("addr=").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+    };
+    // The default config preloads config/fences.geojson.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let fences: serde_json::Value = rt.block_on(async {
+        reqwest::get(format!("http://{addr}/v1/fences"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    });
+    assert!(
+        fences["features"].as_array().unwrap().len() >= 3,
+        "{fences}"
+    );
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let started = Instant::now();
+    let code = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(code.success(), "exit status {code:?}");
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(rest.iter().any(|l| l.contains("stopped")), "{rest:?}");
+}
+
+#[test]
+fn check_config_reports_every_error() {
+    let dir = std::env::temp_dir().join(format!("geodwell-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[server]\nlisten = \"x\"\ncolour = 1\n[time]\nclock = \"sundial\"\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["check-config", bad.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    for needle in ["3 error(s)", "server.listen", "server.colour", "time.clock"] {
+        assert!(err.contains(needle), "{needle} missing from: {err}");
+    }
+    let good = Command::new(BIN)
+        .args(["check-config", "config/geodwell.toml"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(
+        good.status.success(),
+        "{}",
+        String::from_utf8_lossy(&good.stderr)
+    );
+}
