@@ -249,11 +249,14 @@ impl Approach for BTree {
     }
 }
 
-/// Hashed wheel with eager cancel: 4096 one-tick buckets of pair ids; record = (due, position
-/// in bucket); cancel finds the entry through the record and swap-removes it.
+/// Hashed wheel with eager cancel: 4096 one-tick buckets of `(pair, due)` entries; record = (due,
+/// position in bucket), both `u32` (a 4096-tick wheel only needs the low bits of the due tick,
+/// as ours keeps only its low 32); cancel finds the entry through the record and swap-removes it.
+/// The tick reads the due tick from the entry itself, so it touches no record for what fires:
+/// the fired pair's record is rewritten by its next schedule anyway.
 struct EagerWheel {
-    recs: Vec<(u64, u32)>,
-    buckets: Vec<Vec<u32>>,
+    recs: Vec<(u32, u32)>,
+    buckets: Vec<Vec<(u32, u32)>>,
 }
 
 const EAGER_MASK: u64 = 4095;
@@ -262,32 +265,32 @@ impl Approach for EagerWheel {
     #[inline]
     fn schedule(&mut self, pair: u32, due: u64) {
         let b = &mut self.buckets[(due & EAGER_MASK) as usize];
-        self.recs[pair as usize] = (due, b.len() as u32);
-        b.push(pair);
+        self.recs[pair as usize] = (due as u32, b.len() as u32);
+        b.push((pair, due as u32));
     }
     #[inline]
     fn cancel(&mut self, pair: u32) {
         let (due, pos) = self.recs[pair as usize];
-        let b = &mut self.buckets[(due & EAGER_MASK) as usize];
+        let b = &mut self.buckets[(u64::from(due) & EAGER_MASK) as usize];
         b.swap_remove(pos as usize);
-        if let Some(&moved) = b.get(pos as usize) {
+        if let Some(&(moved, _)) = b.get(pos as usize) {
             self.recs[moved as usize].1 = pos;
         }
     }
     fn tick(&mut self, now: u64, fired: &mut Vec<u32>) {
         let b = &mut self.buckets[(now & EAGER_MASK) as usize];
+        let now32 = now as u32;
         let mut i = 0;
         while i < b.len() {
-            let pair = b[i];
-            let (due, _) = self.recs[pair as usize];
-            if due <= now {
+            let (pair, due) = b[i];
+            // Due at or before `now` (wrapping compare: deadlines are < 2^31 ticks ahead).
+            if now32.wrapping_sub(due) < 1 << 31 {
                 fired.push(pair);
                 b.swap_remove(i);
-                if let Some(&moved) = b.get(i) {
+                if let Some(&(moved, _)) = b.get(i) {
                     self.recs[moved as usize].1 = i as u32;
                 }
             } else {
-                self.recs[pair as usize].1 = i as u32;
                 i += 1;
             }
         }
@@ -758,7 +761,7 @@ fn main() {
             Spec {
                 name: "hashed wheel, eager cancel",
                 ours: false,
-                note: "record: (u64 due, u32 position); cancel = swap_remove in bucket".into(),
+                note: "record: (u32 due, u32 position); entries (pair, u32 due); cancel = swap_remove in bucket".into(),
             },
             |n| EagerWheel {
                 recs: vec![(0, 0); n],
@@ -882,9 +885,12 @@ fn report(a: &Args, rows: &[Row]) {
     );
     for r in rows {
         println!(
-            "| {}{} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} | {}/{} |",
-            if r.ours { "**" } else { "" },
-            r.name,
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} | {}/{} |",
+            if r.ours {
+                format!("**{}**", r.name)
+            } else {
+                r.name.clone()
+            },
             r.schedule_ns,
             r.cancel_ns,
             r.expire_ns,

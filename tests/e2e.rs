@@ -80,7 +80,9 @@ async fn enter_dwell_exit_in_event_mode() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enter_dwell_exit_in_live_mode_with_a_short_dwell() {
-    let srv = start("[time]\nclock = \"live\"\nlateness = \"0s\"\ntick = \"100ms\"\n").await;
+    // In live mode W = wall - lateness, so a fix is late once it is older than the lateness when
+    // it arrives: with lateness 0 any transit time at all would make it late.
+    let srv = start("[time]\nclock = \"live\"\nlateness = \"1s\"\ntick = \"100ms\"\n").await;
     srv.put_fence(
         "bay",
         square("bay", json!({"dwell": ["2s"], "stale_after": "off"})),

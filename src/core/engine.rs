@@ -13,11 +13,18 @@
 //!   so the wheel only decides *when* a device is brought up to date, never *what* it emits: the
 //!   emitted events depend on the fixes alone, whatever their arrival order within the lateness,
 //!   the batch split, the tick length or the shard count.
-//! - Each pair has at most one live wheel entry (its next internal event, fired at the first tick
-//!   ending after it) and each device one (its earliest buffered fix). Rescheduling bumps the
-//!   record's generation; the old entry becomes a tombstone the wheel drops when it meets it.
+//! - `advance(W)` is exact, not tick-quantized: afterwards every buffered fix `<= W` is applied and
+//!   every internal event `< W` processed (unless the fire cap carried work). So the emitted events
+//!   are a function of the fixes and the final watermark alone.
+//! - Each pair has at most one live wheel entry (for its next internal event) and each device one
+//!   (for its earliest buffered fix), in the tick that holds the exact instant the work becomes
+//!   ready: the wheel brings the device up at the start of that tick, and the rest of the tick is
+//!   covered by a small exact-time heap (`soon`). The wheel never fires before its tick; the
+//!   engine never acts before the exact time. Rescheduling bumps the record's generation; the old
+//!   entry becomes a tombstone the wheel drops when it meets it.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 
 use thiserror::Error;
@@ -164,6 +171,9 @@ pub struct Engine {
     watermark: Option<Ts>,
     fired: Vec<Fired>,
     due_devices: Vec<u32>,
+    /// Devices with work ready at an exact time inside the current tick: (ready time, device).
+    /// Entries may be stale (the device was processed since); processing is idempotent.
+    soon: BinaryHeap<Reverse<(Ts, u32)>>,
     seq: u64,
 }
 
@@ -184,6 +194,7 @@ impl Engine {
             watermark: None,
             fired: Vec::new(),
             due_devices: Vec::new(),
+            soon: BinaryHeap::new(),
             seq: 0,
         }
     }
@@ -216,7 +227,13 @@ impl Engine {
     /// The event time at which the next [`Engine::advance`] may have work: the driver may sleep
     /// until the watermark reaches it. `None` when nothing is pending.
     pub fn next_due(&self) -> Option<Ts> {
-        self.wheel.next_due().map(|t| self.clock.tick_end(t))
+        // A wheel entry due at tick k fires once W reaches the start of tick k (k * T).
+        let wheel = self.wheel.next_due().map(|t| self.clock.tick_end(t));
+        let soon = self.soon.peek().map(|Reverse((r, _))| *r);
+        match (wheel, soon) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Inserts or replaces a fence. Geometry changes apply from each device's next fix; changed
@@ -348,18 +365,37 @@ impl Engine {
             &mut self.fired,
         );
         // First mark every fired entry consumed, so that rescheduling while processing never
-        // counts an entry that already left the wheel as a tombstone.
+        // counts an entry that already left the wheel as a tombstone. Entries fire at the start
+        // of the tick holding their ready time; one whose exact ready time is still ahead waits
+        // in `soon` for the rest of the tick.
         self.due_devices.clear();
-        for f in &self.fired {
-            let d = if f.key.slot & DEVICE_BIT != 0 {
-                let d = f.key.slot & !DEVICE_BIT;
-                self.devices[d as usize].flush_due = None;
-                d
+        for i in 0..self.fired.len() {
+            let key = self.fired[i].key;
+            let (d, ready) = if key.slot & DEVICE_BIT != 0 {
+                let d = key.slot & !DEVICE_BIT;
+                let dev = &mut self.devices[d as usize];
+                dev.flush_due = None;
+                (d, dev.buffer.first().map(|b| b.ts))
             } else {
-                let p = &mut self.pairs[f.key.slot as usize];
+                let p = &mut self.pairs[key.slot as usize];
                 p.timer_due = None;
-                p.device
+                let ready = self
+                    .fences
+                    .get(p.fence)
+                    .and_then(|f| p.next_internal(&f.settings))
+                    .map(|t| t.plus(Dur(1)));
+                (p.device, ready)
             };
+            match ready {
+                Some(r) if r > w => self.soon.push(Reverse((r, d))),
+                _ => self.due_devices.push(d),
+            }
+        }
+        while let Some(&Reverse((r, d))) = self.soon.peek() {
+            if r > w {
+                break;
+            }
+            self.soon.pop();
             self.due_devices.push(d);
         }
         self.due_devices.sort_unstable();
@@ -553,11 +589,19 @@ impl Engine {
         let Some(fence) = self.fences.get(pair.fence) else {
             return;
         };
-        // An internal event at t is processed once the bound passes t, so wake at the first tick
-        // ending at or after t + 1 ms.
-        let due = pair
-            .next_internal(&fence.settings)
-            .map(|t| self.clock.deadline_tick(t.plus(Dur(1))).0);
+        // An internal event at t is processed once the watermark passes t: it is ready at
+        // t + 1 ms. The wheel entry goes in the tick holding that instant; the current tick's
+        // work waits in `soon`, ordered by exact time.
+        let ready = pair.next_internal(&fence.settings).map(|t| t.plus(Dur(1)));
+        let now = self.wheel.now().0;
+        let (due, soon) = match ready.map(|r| (r, self.clock.completed_tick(r).0)) {
+            Some((r, k)) if k <= now => (None, Some(r)),
+            Some((_, k)) => (Some(k), None),
+            None => (None, None),
+        };
+        if let Some(r) = soon {
+            self.soon.push(Reverse((r, pair.device)));
+        }
         if due == pair.timer_due {
             return;
         }
@@ -579,7 +623,19 @@ impl Engine {
 
     fn resched_device(&mut self, d: u32) {
         let dev = &mut self.devices[d as usize];
-        let due = dev.buffer.first().map(|b| self.clock.deadline_tick(b.ts).0);
+        let now = self.wheel.now().0;
+        let due = match dev
+            .buffer
+            .first()
+            .map(|b| (b.ts, self.clock.completed_tick(b.ts).0))
+        {
+            Some((r, k)) if k <= now => {
+                self.soon.push(Reverse((r, d)));
+                None
+            }
+            Some((_, k)) => Some(k),
+            None => None,
+        };
         if due == dev.flush_due {
             return;
         }

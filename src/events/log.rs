@@ -164,7 +164,7 @@ mod tests {
         assert_eq!(log.read(4, 10).events.len(), 1);
         assert_eq!(log.read(5, 10).events.len(), 0);
         // Age: everything emitted before now - 60 s goes.
-        log.append(vec![ev(5)], Ts(62_000));
+        log.append(vec![ev(5)], Ts(63_000));
         let r = log.read(0, 10);
         assert_eq!(
             r.events.iter().map(|e| e.event.seq).collect::<Vec<_>>(),

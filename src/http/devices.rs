@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use axum::Json;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
@@ -16,8 +17,9 @@ use crate::state::AppState;
 /// `GET /v1/devices/{id}`.
 pub async fn get_device(
     State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
+    let Path(id) = path?;
     let (tx, rx) = oneshot::channel();
     let shard = &st.shards[shard_of(&id, st.shards.len())];
     shard

@@ -100,6 +100,27 @@ impl IntoResponse for ApiError {
     }
 }
 
+impl From<axum::extract::ws::rejection::WebSocketUpgradeRejection> for ApiError {
+    fn from(e: axum::extract::ws::rejection::WebSocketUpgradeRejection) -> ApiError {
+        ApiError::bad_request(
+            "websocket_required",
+            format!("this endpoint speaks WebSocket: {}", e.body_text()),
+        )
+    }
+}
+
+impl From<axum::extract::rejection::PathRejection> for ApiError {
+    fn from(e: axum::extract::rejection::PathRejection) -> ApiError {
+        ApiError::bad_request("bad_path", e.body_text())
+    }
+}
+
+impl From<axum::extract::rejection::QueryRejection> for ApiError {
+    fn from(e: axum::extract::rejection::QueryRejection) -> ApiError {
+        ApiError::bad_request("bad_query", e.body_text())
+    }
+}
+
 impl From<crate::ingest::BatchError> for ApiError {
     fn from(e: crate::ingest::BatchError) -> ApiError {
         match e {

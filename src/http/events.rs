@@ -12,6 +12,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use axum::extract::rejection::QueryRejection;
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade, close_code};
 use axum::extract::{Query, State};
 use axum::http::header;
@@ -58,8 +60,9 @@ fn check_known(q: &HashMap<String, String>, known: &[&str]) -> Result<(), ApiErr
 /// `GET /v1/events?from_seq=N&limit=M`: events with `seq >= N` (default: the oldest held).
 pub async fn poll(
     State(st): State<Arc<AppState>>,
-    Query(q): Query<HashMap<String, String>>,
+    query: Result<Query<HashMap<String, String>>, QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let Query(q) = query?;
     check_known(&q, &["from_seq", "limit"])?;
     let from = parse_u64(&q, "from_seq")?.unwrap_or(0);
     let limit = parse_u64(&q, "limit")?.unwrap_or(1000) as usize;
@@ -119,6 +122,14 @@ impl Filter {
                     .collect::<Result<Vec<_>, _>>()
             })
             .transpose()?;
+        for key in ["types", "fence", "device"] {
+            if q.get(key).is_some_and(|v| v.trim().is_empty()) {
+                return Err(ApiError::bad_request(
+                    "bad_query",
+                    format!("{key} must not be empty (omit it to match everything)"),
+                ));
+            }
+        }
         Ok(Filter {
             types,
             fence: q.get("fence").map(|g| WildMatch::new(g)),
@@ -137,12 +148,14 @@ impl Filter {
 /// `GET /v1/events/ws?from_seq=N&types=...&fence=...&device=...`.
 pub async fn subscribe(
     State(st): State<Arc<AppState>>,
-    Query(q): Query<HashMap<String, String>>,
-    ws: WebSocketUpgrade,
+    query: Result<Query<HashMap<String, String>>, QueryRejection>,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
+    let Query(q) = query?;
     check_known(&q, &["from_seq", "types", "fence", "device"])?;
     let from = parse_u64(&q, "from_seq")?;
     let filter = Filter::parse(&q)?;
+    let ws = ws.map_err(ApiError::from)?;
     // A start older than the log holds is clamped to the oldest event held; when the client
     // asked for a specific seq that is gone, its first frame says which range it missed.
     let held = st.log.read(0, 0);
@@ -152,7 +165,14 @@ pub async fn subscribe(
     Ok(ws.on_upgrade(move |socket| async move {
         // Tracked so that shutdown waits for the goodbye frame.
         tasks
-            .spawn(run_subscriber(st, socket, start, from.is_none(), gap, filter))
+            .spawn(run_subscriber(
+                st,
+                socket,
+                start,
+                from.is_none(),
+                gap,
+                filter,
+            ))
             .await
             .ok();
     }))
@@ -169,7 +189,8 @@ async fn run_subscriber(
     gauge!(t::SUBSCRIBERS).increment(1.0);
     let (mut tx, mut rx) = socket.split();
     if let Some(from) = gap {
-        let frame = format!("{{\"type\":\"gap\",\"missing_from\":{from},\"resume_from\":{cursor}}}");
+        let frame =
+            format!("{{\"type\":\"gap\",\"missing_from\":{from},\"resume_from\":{cursor}}}");
         let _ = tx.send(Message::Text(frame.into())).await;
     }
     let mut head = st.log.watch();

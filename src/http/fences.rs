@@ -6,12 +6,13 @@ use std::sync::Arc;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use crate::core::fences::{Fence, FenceErrors, parse_fences_str};
+use crate::core::fences::{Fence, FenceError, FenceErrorKind, FenceErrors, parse_fences};
 use crate::http::error::ApiError;
 use crate::http::fixes::body_or_error;
 use crate::shard::ShardMsg;
@@ -25,6 +26,20 @@ fn invalid(errs: FenceErrors) -> ApiError {
         .map(|e| json!({"path": e.path, "message": e.kind.to_string()}))
         .collect();
     ApiError::unprocessable("invalid_fence", errs.to_string()).with_details(json!(details))
+}
+
+/// Body text -> GeoJSON: not JSON at all is 400 `malformed_json` (as for fixes); JSON that is not
+/// GeoJSON (e.g. an unknown geometry type) is 422 `invalid_fence` with the reason as a detail.
+fn parse_geojson(text: &str) -> Result<geojson::GeoJson, ApiError> {
+    serde_json::from_str::<serde::de::IgnoredAny>(text).map_err(|e| {
+        ApiError::bad_request("malformed_json", format!("body is not valid JSON: {e}"))
+    })?;
+    text.parse::<geojson::GeoJson>().map_err(|e| {
+        invalid(FenceErrors(vec![FenceError {
+            path: String::new(),
+            kind: FenceErrorKind::Json(e.to_string()),
+        }]))
+    })
 }
 
 /// Installs fences everywhere (API copy + every shard, in one serialized order). Returns how many
@@ -66,24 +81,19 @@ pub async fn install(st: &AppState, fences: Vec<Fence>) -> Result<usize, ApiErro
 /// `PUT /v1/fences/{id}`: body is a GeoJSON Feature (its `id`, if any, must match).
 pub async fn put_fence(
     State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    path: Result<Path<String>, PathRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let Path(id) = path?;
     let body = body_or_error(body, st.cfg.max_body_bytes)?;
     let text =
         std::str::from_utf8(&body).map_err(|e| ApiError::bad_request("bad_body", e.to_string()))?;
-    let feature: geojson::Feature = match text.parse::<geojson::GeoJson>() {
-        Ok(geojson::GeoJson::Feature(f)) => f,
-        Ok(_) => {
+    let feature = match parse_geojson(text)? {
+        geojson::GeoJson::Feature(f) => f,
+        _ => {
             return Err(ApiError::unprocessable(
                 "invalid_fence",
                 "PUT /v1/fences/{id} takes one GeoJSON Feature; use POST /v1/fences for a FeatureCollection",
-            ));
-        }
-        Err(e) => {
-            return Err(ApiError::unprocessable(
-                "invalid_geojson",
-                format!("not a GeoJSON Feature: {e}"),
             ));
         }
     };
@@ -106,7 +116,7 @@ pub async fn post_fences(
     let body = body_or_error(body, st.cfg.max_body_bytes)?;
     let text =
         std::str::from_utf8(&body).map_err(|e| ApiError::bad_request("bad_body", e.to_string()))?;
-    let fences = parse_fences_str(text, &st.fence_limits).map_err(invalid)?;
+    let fences = parse_fences(&parse_geojson(text)?, &st.fence_limits).map_err(invalid)?;
     if fences.is_empty() {
         return Err(ApiError::bad_request(
             "empty_collection",
@@ -126,8 +136,9 @@ pub async fn post_fences(
 /// `GET /v1/fences/{id}`.
 pub async fn get_fence(
     State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
+    let Path(id) = path?;
     let f = st
         .fences
         .read()
@@ -160,8 +171,9 @@ pub async fn list_fences(State(st): State<Arc<AppState>>) -> Response {
 /// `DELETE /v1/fences/{id}`: drops the fence, its pairs and their timers.
 pub async fn delete_fence(
     State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
+    let Path(id) = path?;
     let _guard = st.fence_write.lock().await;
     let removed = st
         .fences

@@ -6,21 +6,29 @@
 use std::sync::Arc;
 
 use axum::extract::State;
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade, close_code};
 use axum::response::Response;
 use serde_json::{Value, json};
 
+use crate::http::error::ApiError;
 use crate::ingest::{BatchError, submit};
 use crate::state::AppState;
 
 /// `GET /v1/ingest/ws`.
-pub async fn ingest_ws(State(st): State<Arc<AppState>>, ws: WebSocketUpgrade) -> Response {
+pub async fn ingest_ws(
+    State(st): State<Arc<AppState>>,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Result<Response, ApiError> {
+    let ws = ws.map_err(ApiError::from)?;
     let tasks = st.tasks.clone();
     let max = st.cfg.max_body_bytes;
-    ws.max_message_size(max)
+    Ok(ws
+        .max_message_size(max)
+        .max_frame_size(max)
         .on_upgrade(move |socket| async move {
             tasks.spawn(run(st, socket)).await.ok();
-        })
+        }))
 }
 
 fn error_frame(code: &str, message: &str) -> Message {
@@ -64,7 +72,29 @@ async fn run(st: Arc<AppState>, mut socket: WebSocket) {
                     .await;
                 return;
             }
-            Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
+            Some(Err(e)) => {
+                // The only receive errors a live client can cause are protocol violations and
+                // frames over the size limit; tell it which before the socket goes.
+                let text = e.to_string();
+                let too_big = text.contains("too long") || text.contains("Space limit");
+                let (code, reason, err) = if too_big {
+                    (
+                        close_code::SIZE,
+                        "frame larger than max_body_bytes",
+                        "frame_too_large",
+                    )
+                } else {
+                    (
+                        close_code::PROTOCOL,
+                        "WebSocket protocol error",
+                        "protocol_error",
+                    )
+                };
+                let _ = socket.send(error_frame(err, &text)).await;
+                let _ = socket.send(close(code, reason)).await;
+                return;
+            }
+            Some(Ok(Message::Close(_))) | None => return,
             Some(Ok(_)) => continue,
         };
         let items = match serde_json::from_str::<Value>(&text) {

@@ -45,9 +45,21 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
         .layer(middleware::from_fn_with_state(state.clone(), track))
         .with_state(state)
+}
+
+async fn method_not_allowed() -> Response {
+    ApiError {
+        status: axum::http::StatusCode::METHOD_NOT_ALLOWED,
+        code: "method_not_allowed",
+        message: "this endpoint does not take that method".into(),
+        details: None,
+        retry_after: None,
+    }
+    .into_response()
 }
 
 async fn not_found() -> Response {

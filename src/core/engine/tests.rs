@@ -127,16 +127,30 @@ fn boundary_counts_as_inside() {
 }
 
 #[test]
-fn dwell_fires_within_one_tick_of_the_watermark_passing() {
-    let mut h = H::new(serde_json::json!({"dwell": ["90s"]}));
-    h.fix(0, IN);
-    h.take();
-    // The deadline is 90 s after a whole second; W at 90.5 s completes no tick past it yet...
-    h.e.advance(ts(90).plus(Dur(500)), &mut h.out);
-    assert_eq!(h.take(), vec![]);
-    // ...and one tick later it must have fired.
-    h.w(91);
-    assert_eq!(h.take(), vec![(Dwell, 90, 90)]);
+fn dwell_fires_as_soon_as_the_watermark_passes_the_deadline_whatever_the_tick() {
+    for tick in [Dur(250), Dur::from_secs(1), Dur::from_secs(7)] {
+        let mut h = H::new(serde_json::json!({"dwell": ["90s"]}));
+        h.e = Engine::new(EngineConfig {
+            tick,
+            ..EngineConfig::default()
+        });
+        let f = square("sq", serde_json::json!({"dwell": ["90s"]}));
+        h.e.upsert_fence(f, &mut h.out);
+        h.fix(0, IN);
+        h.take();
+        h.w(90);
+        assert_eq!(h.take(), vec![], "tick {tick}: not at W = d");
+        assert!(
+            h.e.next_due().is_some_and(|t| t <= ts(90).plus(Dur(1))),
+            "the driver is told to wake by d + 1 ms"
+        );
+        h.e.advance(ts(90).plus(Dur(1)), &mut h.out);
+        assert_eq!(
+            h.take(),
+            vec![(Dwell, 90, 90)],
+            "tick {tick}: right after W passes d"
+        );
+    }
 }
 
 #[test]

@@ -410,19 +410,19 @@ impl PolyPart {
     fn build_grid(&self) -> Option<Grid> {
         let edges = self.edge_count();
         let (w, h) = (self.bbox[2] - self.bbox[0], self.bbox[3] - self.bbox[1]);
-        let mut target = (edges * CELLS_PER_EDGE).max(4) as f64;
+        let target = (edges * CELLS_PER_EDGE).max(4) as f64;
+        let (mut nx, mut ny) = if w > 0.0 && h > 0.0 {
+            let nx = (target * w / h).sqrt().round().clamp(1.0, MAX_SIDE as f64) as usize;
+            let ny = (target / nx as f64).round().clamp(1.0, MAX_SIDE as f64) as usize;
+            (nx, ny)
+        } else if w > 0.0 {
+            ((target as usize).clamp(1, MAX_SIDE), 1)
+        } else if h > 0.0 {
+            (1, (target as usize).clamp(1, MAX_SIDE))
+        } else {
+            (1, 1)
+        };
         loop {
-            let (nx, ny) = if w > 0.0 && h > 0.0 {
-                let nx = (target * w / h).sqrt().round().clamp(1.0, MAX_SIDE as f64) as usize;
-                let ny = (target / nx as f64).round().clamp(1.0, MAX_SIDE as f64) as usize;
-                (nx, ny)
-            } else if w > 0.0 {
-                ((target as usize).clamp(1, MAX_SIDE), 1)
-            } else if h > 0.0 {
-                (1, (target as usize).clamp(1, MAX_SIDE))
-            } else {
-                (1, 1)
-            };
             let mut g = Grid {
                 x0: self.bbox[0],
                 y0: self.bbox[1],
@@ -434,20 +434,25 @@ impl PolyPart {
                 edges: Vec::new(),
             };
             // Count first, so a polygon of long diagonal edges is re-gridded coarser before
-            // anything big is allocated.
-            let mut counts = vec![0u32; nx * ny + 1];
+            // anything big is allocated. Halving the longer side always makes progress, down to
+            // a single cell, where every edge is filed once.
             let mut total = 0usize;
             for j in self.edge_starts() {
                 let (c0, r0, c1, r1) = self.edge_cells(&g, j);
                 total += (c1 - c0 + 1) * (r1 - r0 + 1);
             }
             if total > edges.saturating_mul(MAX_ENTRIES_PER_EDGE) && nx * ny > 1 {
-                target = (nx * ny) as f64 / 2.0;
+                if nx >= ny {
+                    nx = (nx / 2).max(1);
+                } else {
+                    ny = (ny / 2).max(1);
+                }
                 continue;
             }
             if total > OFFS_MASK as usize {
                 return None; // beyond any configured limit in practice; the plain scan is exact
             }
+            let mut counts = vec![0u32; nx * ny + 1];
             for j in self.edge_starts() {
                 let (c0, r0, c1, r1) = self.edge_cells(&g, j);
                 for r in r0..=r1 {

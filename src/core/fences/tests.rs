@@ -922,6 +922,51 @@ fn large_polygons_use_the_edge_grid_and_agree_with_the_plain_scan() {
     assert!(f.contains(0.5, 0.0));
 }
 
+#[test]
+fn pathological_shapes_build_a_bounded_grid_and_agree() {
+    // Long diagonal edges (a zigzag comb spanning the full height) and an extreme aspect ratio
+    // (100° wide, 1e-9° tall): the grid must be coarsened until it fits, and terminate.
+    let comb = |n: usize, height: f64| {
+        let mut r: Vec<[f64; 2]> = (0..n)
+            .map(|i| {
+                [
+                    i as f64 * 100.0 / n as f64,
+                    if i % 2 == 0 { 0.0 } else { height },
+                ]
+            })
+            .collect();
+        r.push([100.0, -height]);
+        r.push([0.0, -height]);
+        r.push(r[0]);
+        r
+    };
+    for (n, height) in [(2000, 1.0), (2000, 1e-9), (600, 80.0)] {
+        let ring = comb(n, height);
+        let f = Fence::new_polygon(
+            "comb",
+            &[vec![ring.clone()]],
+            FenceSettings::default(),
+            &limits(),
+        )
+        .expect("valid");
+        assert_eq!(f.indexed_parts(), 1);
+        assert!(f.heap_bytes() < 64 * 1024 * 1024, "{}", f.heap_bytes());
+        for k in 0..400 {
+            let x = k as f64 * 0.2503;
+            for y in [-height * 0.5, 0.0, height * 0.25, height * 0.5, height] {
+                assert_eq!(
+                    f.contains(x, y),
+                    f.contains_unindexed(x, y),
+                    "n={n} at {x},{y}"
+                );
+            }
+        }
+        for v in &ring {
+            assert!(f.contains(v[0], v[1]));
+        }
+    }
+}
+
 fn grid_polygon() -> impl Strategy<Value = (Vec<Vec<[f64; 2]>>, Vec<[f64; 2]>)> {
     // Vertices on a coarse grid make horizontal edges, collinear runs, repeated vertices and
     // self-intersections common: the degenerate cases where an index could disagree.
