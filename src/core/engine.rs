@@ -27,12 +27,13 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::core::event::Event;
 use crate::core::fences::{Fence, FenceIdx, FenceIndex};
 use crate::core::fix::Fix;
-use crate::core::pairs::{Alive, FixClass, Pair, PairOutput, PairView};
+use crate::core::pairs::{Alive, FixClass, Pair, PairOutput, PairState, PairView};
 use crate::core::time::{Dur, Tick, TickClock, Ts};
 use crate::core::wheel::{Fired, TimerKey, Wheel, WheelStats};
 
@@ -121,6 +122,43 @@ pub struct DeviceView {
     pub buffered: usize,
     /// Pair records, by fence id, sorted.
     pub pairs: Vec<(Arc<str>, PairView)>,
+}
+
+/// The durable state of one device: what [`Engine::export`] writes and [`Engine::restore`]
+/// reads. Fences are named by id, so the state survives fence slots being renumbered.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceState {
+    /// Device id.
+    pub id: String,
+    /// Latest applied fix, Unix ms.
+    pub last_applied: Option<i64>,
+    /// Latest applied position (lat, lon).
+    pub last_position: Option<(f64, f64)>,
+    /// Fixes waiting for the watermark: (ts ms, lat, lon, accuracy), in application order.
+    pub buffer: Vec<(i64, f64, f64, Option<f64>)>,
+    /// Pair records, by fence id.
+    pub pairs: Vec<(String, PairState)>,
+}
+
+/// What [`Engine::restore`] rebuilt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Restored {
+    /// Devices.
+    pub devices: u64,
+    /// Pair records.
+    pub pairs: u64,
+    /// Pair records dropped because their fence no longer exists.
+    pub dropped_pairs: u64,
+    /// Buffered fixes.
+    pub buffered: u64,
+}
+
+/// Why a restore was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum RestoreError {
+    /// Restore must start from an engine that holds no device yet.
+    #[error("restore needs an engine without devices; this one has {0}")]
+    NotEmpty(usize),
 }
 
 /// A fix waiting in a reorder buffer (the device is implied).
@@ -409,6 +447,95 @@ impl Engine {
             fired,
             carried: self.wheel.stats().carry > 0,
         }
+    }
+
+    /// The durable state of every device, in slot order.
+    pub fn export(&self) -> Vec<DeviceState> {
+        (0..self.devices.len() as u32)
+            .map(|d| self.export_device(d))
+            .collect()
+    }
+
+    fn export_device(&self, d: u32) -> DeviceState {
+        let dev = &self.devices[d as usize];
+        DeviceState {
+            id: dev.id.to_string(),
+            last_applied: dev.last_applied.map(|t| t.0),
+            last_position: dev.last_position,
+            buffer: dev
+                .buffer
+                .iter()
+                .map(|b| (b.ts.0, b.lat, b.lon, b.accuracy))
+                .collect(),
+            pairs: dev
+                .pairs
+                .iter()
+                .filter_map(|&p| {
+                    let pair = &self.pairs[p as usize];
+                    let fence = self.fences.get(pair.fence)?;
+                    Some((fence.id.to_string(), pair.state()))
+                })
+                .collect(),
+        }
+    }
+
+    /// Rebuilds devices, pairs and timers from exported state into an engine that has its fences
+    /// but no device yet, at watermark `w`. Nothing is emitted here: deadlines that passed while
+    /// the state was stored fire, with the ids they would have had, on the next
+    /// [`Engine::advance`], exactly as if the engine had been running.
+    pub fn restore(
+        &mut self,
+        devices: Vec<DeviceState>,
+        w: Option<Ts>,
+    ) -> Result<Restored, RestoreError> {
+        if !self.devices.is_empty() {
+            return Err(RestoreError::NotEmpty(self.devices.len()));
+        }
+        if let Some(w) = w {
+            self.watermark = Some(w);
+            self.wheel = Wheel::new(self.clock.completed_tick(w));
+        }
+        let mut r = Restored::default();
+        for st in devices {
+            let id: Arc<str> = Arc::from(st.id.as_str());
+            let d = self.device_slot(&id);
+            let dev = &mut self.devices[d as usize];
+            dev.last_applied = st.last_applied.map(Ts);
+            dev.last_position = st.last_position;
+            dev.buffer = st
+                .buffer
+                .iter()
+                .map(|&(ts, lat, lon, accuracy)| Buffered {
+                    ts: Ts(ts),
+                    lat,
+                    lon,
+                    accuracy,
+                })
+                .collect();
+            dev.buffer.sort_by(|a, b| a.key_cmp(b.ts, b.lat, b.lon));
+            self.buffered += dev.buffer.len() as u64;
+            r.buffered += dev.buffer.len() as u64;
+            for (fence_id, ps) in &st.pairs {
+                let Some(idx) = self.fences.idx_of(fence_id) else {
+                    r.dropped_pairs += 1;
+                    continue;
+                };
+                let Some(fence) = self.fences.get(idx) else {
+                    r.dropped_pairs += 1;
+                    continue;
+                };
+                let pair = Pair::from_state(d, idx, ps, &fence.settings);
+                self.insert_pair(d, pair);
+                r.pairs += 1;
+            }
+            for i in 0..self.devices[d as usize].pairs.len() {
+                let p = self.devices[d as usize].pairs[i];
+                self.resched_pair(p);
+            }
+            self.resched_device(d);
+            r.devices += 1;
+        }
+        Ok(r)
     }
 
     /// A device's state.

@@ -24,6 +24,8 @@
 //!   run's first fix, so that a late confirmation fires the thresholds it has already passed with
 //!   the staleness they had at their deadline.
 
+use serde::{Deserialize, Serialize};
+
 use crate::core::fences::FenceIdx;
 use crate::core::fences::FenceSettings;
 use crate::core::time::{Dur, Ts};
@@ -100,6 +102,29 @@ pub struct Pair {
     stale: u16,
 }
 
+/// The durable part of a pair record: its visit, pending run, and per-threshold state. The
+/// record's place in memory and its timer are not stored: the timer is derived from the state
+/// ([`Pair::next_internal`]) when the record is restored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PairState {
+    /// Visit start (or pending ENTER run start), Unix ms.
+    pub entered_at: i64,
+    /// First fix of the pending run, Unix ms.
+    pub vote_first: i64,
+    /// Last fix of the pending run, Unix ms.
+    pub vote_last: i64,
+    /// Length of the pending run.
+    pub votes: u8,
+    /// Whether a visit is open.
+    pub inside: bool,
+    /// Thresholds whose deadline has been evaluated.
+    pub evaluated: u8,
+    /// Thresholds fired in this visit (bit per threshold).
+    pub fired: u16,
+    /// Evaluated thresholds waiting because the device was STALE (bit per threshold).
+    pub stale: u16,
+}
+
 /// A read-only view of a pair's state, for APIs and tests.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PairView {
@@ -145,6 +170,41 @@ impl Pair {
             p.confirm_enter(s, out);
         }
         p
+    }
+
+    /// The durable state of this record.
+    pub fn state(&self) -> PairState {
+        PairState {
+            entered_at: self.entered_at.0,
+            vote_first: self.vote_first.0,
+            vote_last: self.vote_last.0,
+            votes: self.votes,
+            inside: self.inside,
+            evaluated: self.evaluated,
+            fired: self.fired,
+            stale: self.stale,
+        }
+    }
+
+    /// Rebuilds a record from its durable state. Per-threshold state beyond the fence's current
+    /// thresholds is dropped (the fence may have changed while the state was stored).
+    pub fn from_state(device: u32, fence: FenceIdx, st: &PairState, s: &FenceSettings) -> Pair {
+        let n = s.dwell.len().min(16);
+        let mask = if n >= 16 { u16::MAX } else { (1u16 << n) - 1 };
+        Pair {
+            device,
+            fence,
+            timer_gen: 0,
+            timer_due: None,
+            entered_at: Ts(st.entered_at),
+            vote_first: Ts(st.vote_first),
+            vote_last: Ts(st.vote_last),
+            votes: st.votes,
+            inside: st.inside,
+            evaluated: st.evaluated.min(n as u8),
+            fired: st.fired & mask,
+            stale: st.stale & mask,
+        }
     }
 
     /// Whether a visit is open.

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use rstar::{AABB, RStarInsertionStrategy, RTree, RTreeObject, RTreeParams};
 
@@ -76,6 +76,18 @@ enum Geom {
     Circle(Arc<Fence>),
 }
 
+impl Geom {
+    /// The exact, boundary-inclusive test of the piece this entry bounds.
+    #[inline(always)]
+    fn contains(&self, lon: f64, lat: f64) -> bool {
+        match self {
+            Geom::Flat(flat) => contains_flat(flat, lon, lat),
+            Geom::Part(p) => p.contains(lon, lat),
+            Geom::Circle(f) => f.contains_piece(0, lon, lat),
+        }
+    }
+}
+
 impl PartialEq for Entry {
     /// Identity for removal: the same slot's same envelope.
     fn eq(&self, other: &Entry) -> bool {
@@ -102,7 +114,11 @@ pub struct FenceIndex {
     slots: Vec<Option<Slot>>,
     free: Vec<u32>,
     by_id: HashMap<Arc<str>, u32>,
+    /// Source of truth for the entries (updated in place by upsert / remove).
     tree: RTree<Entry, Params>,
+    /// Point-location accelerator derived from the entries: built by `from_fences`, dropped by
+    /// every upsert / remove and rebuilt on the next query (see [`PointGrid`]).
+    grid: OnceLock<PointGrid>,
 }
 
 impl fmt::Debug for FenceIndex {
@@ -174,6 +190,7 @@ impl FenceIndex {
             .flat_map(|s| s.entries.iter().cloned())
             .collect();
         ix.tree = RTree::bulk_load_with_params(all);
+        let _ = ix.grid.set(PointGrid::build(&ix.slots));
         ix
     }
 
@@ -189,6 +206,7 @@ impl FenceIndex {
                 }
             },
         };
+        self.grid.take();
         let old = self.slots[idx as usize].take().map(|slot| {
             for e in &slot.entries {
                 self.tree.remove(e);
@@ -208,6 +226,7 @@ impl FenceIndex {
     pub fn remove(&mut self, id: &str) -> Option<(FenceIdx, Arc<Fence>)> {
         let idx = self.by_id.remove(id)?;
         let slot = self.slots.get_mut(idx as usize)?.take()?;
+        self.grid.take();
         for e in &slot.entries {
             self.tree.remove(e);
         }
@@ -270,18 +289,40 @@ impl FenceIndex {
         }
     }
 
+    /// The point grid, built now if a change dropped it.
+    #[inline]
+    fn grid(&self) -> &PointGrid {
+        self.grid.get_or_init(|| PointGrid::build(&self.slots))
+    }
+
     fn collect(&self, lon: f64, lat: f64, start: usize, out: &mut Vec<FenceIdx>) {
-        let _ = self.tree.locate_in_envelope_intersecting_int(
-            AABB::from_point(f32_point(lon, lat)),
-            |e| {
-                let idx = FenceIdx(e.idx);
-                // Only multi-envelope fences can repeat; they are rare, the scan is short.
-                if !(e.multi && out[start..].contains(&idx)) {
-                    out.push(idx);
-                }
-                std::ops::ControlFlow::<()>::Continue(())
-            },
-        );
+        self.grid().for_each_hit(lon, lat, |r| {
+            let idx = FenceIdx(r.idx);
+            // Only multi-envelope fences can repeat; they are rare, the scan is short.
+            if !(r.multi && out[start..].contains(&idx)) {
+                out.push(idx);
+            }
+        });
+    }
+
+    /// [`FenceIndex::candidates`] answered by the R-tree instead of the grid (tests: the two
+    /// must give the same set).
+    #[cfg(test)]
+    pub(crate) fn candidates_rtree(&self, lon: f64, lat: f64, out: &mut Vec<FenceIdx>) {
+        for lon in [lon, -lon] {
+            let _ = self.tree.locate_in_envelope_intersecting_int(
+                AABB::from_point(f32_point(lon, lat)),
+                |e| {
+                    if !out.contains(&FenceIdx(e.idx)) {
+                        out.push(FenceIdx(e.idx));
+                    }
+                    std::ops::ControlFlow::<()>::Continue(())
+                },
+            );
+            if lon.abs() != 180.0 {
+                break;
+            }
+        }
     }
 
     /// Appends fences that contain (lon, lat) (candidates + exact boundary-inclusive test),
@@ -303,22 +344,12 @@ impl FenceIndex {
         second: bool,
         out: &mut Vec<FenceIdx>,
     ) {
-        let _ = self.tree.locate_in_envelope_intersecting_int(
-            AABB::from_point(f32_point(lon, lat)),
-            |e| {
-                let idx = FenceIdx(e.idx);
-                let seen = (e.multi || second) && out[start..].contains(&idx);
-                let hit = !seen
-                    && match &e.geom {
-                        Geom::Flat(flat) => contains_flat(flat, lon, lat),
-                        Geom::Part(p) => p.contains(lon, lat),
-                        Geom::Circle(f) => f.contains_piece(0, lon, lat),
-                    };
-                if hit {
-                    out.push(idx);
-                }
-                std::ops::ControlFlow::<()>::Continue(())
-            },
-        );
+        self.grid().for_each_hit(lon, lat, |r| {
+            let idx = FenceIdx(r.idx);
+            let seen = (r.multi || second) && out[start..].contains(&idx);
+            if !seen && r.geom.contains(lon, lat) {
+                out.push(idx);
+            }
+        });
     }
 }
