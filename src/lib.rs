@@ -25,6 +25,7 @@ pub mod http;
 pub mod ingest;
 pub mod shard;
 pub mod state;
+pub mod store;
 pub mod telemetry;
 
 use std::collections::BTreeMap;

@@ -190,6 +190,8 @@ struct Device {
     pairs: Vec<u32>,
     flush_gen: u32,
     flush_due: Option<u64>,
+    /// Listed in `Engine::dirty` since the last [`Engine::take_dirty`].
+    dirty: bool,
 }
 
 /// One shard's engine.
@@ -209,6 +211,8 @@ pub struct Engine {
     watermark: Option<Ts>,
     fired: Vec<Fired>,
     due_devices: Vec<u32>,
+    /// Devices whose durable state changed since the last [`Engine::take_dirty`].
+    dirty: Vec<u32>,
     /// Devices with work ready at an exact time inside the current tick: (ready time, device).
     /// Entries may be stale (the device was processed since); processing is idempotent.
     soon: BinaryHeap<Reverse<(Ts, u32)>>,
@@ -233,6 +237,7 @@ impl Engine {
             fired: Vec::new(),
             due_devices: Vec::new(),
             soon: BinaryHeap::new(),
+            dirty: Vec::new(),
             seq: 0,
         }
     }
@@ -316,6 +321,7 @@ impl Engine {
                 let p = self.devices[d].pairs[i];
                 if self.pairs[p as usize].fence == idx {
                     self.free_pair(d as u32, i);
+                    self.mark_dirty(d as u32);
                 } else {
                     i += 1;
                 }
@@ -360,6 +366,7 @@ impl Engine {
             // Of fixes sharing a ts, the first in (lat, lon) order is kept, whatever arrived first.
             if existing.key_cmp(fix.ts, fix.lat, fix.lon).is_gt() {
                 *existing = new;
+                self.mark_dirty(d);
                 return Ok(Ingested::Accepted);
             }
             return Ok(Ingested::Duplicate);
@@ -372,6 +379,7 @@ impl Engine {
         }
         dev.buffer.insert(pos, new);
         self.buffered += 1;
+        self.mark_dirty(d);
         if fix.ts <= w {
             self.process_device(d, out);
         } else {
@@ -575,6 +583,7 @@ impl Engine {
             pairs: Vec::new(),
             flush_gen: 0,
             flush_due: None,
+            dirty: false,
         });
         self.device_ids.insert(id.clone(), d);
         d
@@ -584,6 +593,7 @@ impl Engine {
     /// and reschedules its timers.
     fn process_device(&mut self, d: u32, out: &mut Vec<Event>) {
         let Some(w) = self.watermark else { return };
+        self.mark_dirty(d);
         loop {
             let dev = &mut self.devices[d as usize];
             match dev.buffer.first() {
@@ -780,6 +790,25 @@ impl Engine {
                 Tick(due),
             );
         }
+    }
+
+    fn mark_dirty(&mut self, d: u32) {
+        let dev = &mut self.devices[d as usize];
+        if !dev.dirty {
+            dev.dirty = true;
+            self.dirty.push(d);
+        }
+    }
+
+    /// The durable state of every device changed since the previous call (for incremental
+    /// persistence: storing these keeps a store equal to [`Engine::export`]).
+    pub fn take_dirty(&mut self) -> Vec<DeviceState> {
+        let dirty = std::mem::take(&mut self.dirty);
+        let out = dirty.iter().map(|&d| self.export_device(d)).collect();
+        for d in dirty {
+            self.devices[d as usize].dirty = false;
+        }
+        out
     }
 
     /// Stamps `seq` on events in order, continuing this engine's own sequence. A service with

@@ -261,21 +261,33 @@ proptest! {
     }
 }
 
-/// Feeds `fixes[range]` in order into `e` (event-mode watermark from `max_seen`).
+/// A stand-in for the store: device id -> last persisted state.
+type Persisted = std::collections::BTreeMap<String, DeviceState>;
+
+/// Feeds `fixes` in order into `e` (event-mode watermark from `max_seen`); after every step the
+/// engine's dirty devices are written to `store`, as the service does per batch.
 fn feed(
     e: &mut Engine,
     fixes: &[Fix],
     max_seen: &mut Option<Ts>,
     lateness: Dur,
     out: &mut Vec<Event>,
+    store: &mut Persisted,
 ) {
+    let mut persist = |e: &mut Engine| {
+        for d in e.take_dirty() {
+            store.insert(d.id.clone(), d);
+        }
+    };
     for fix in fixes {
         *max_seen = Some(max_seen.map_or(fix.ts, |m| m.max(fix.ts)));
         let w = max_seen.unwrap().minus(lateness);
         e.ingest(fix, w, out).unwrap();
+        persist(e);
     }
     if let Some(m) = *max_seen {
         e.advance(m.minus(lateness), out);
+        persist(e);
     }
 }
 
@@ -313,17 +325,21 @@ proptest! {
         let mut whole = Vec::new();
         let mut a = new_engine(&mut whole);
         let mut seen = None;
-        feed(&mut a, &fixes[..cut], &mut seen, lateness, &mut whole);
+        feed(&mut a, &fixes[..cut], &mut seen, lateness, &mut whole, &mut Persisted::new());
         if let Some(w) = a.watermark() {
             a.advance(w.plus(Dur::from_secs(downtime_s)), &mut whole);
         }
-        feed(&mut a, &fixes[cut..], &mut seen, lateness, &mut whole);
+        feed(&mut a, &fixes[cut..], &mut seen, lateness, &mut whole, &mut Persisted::new());
 
         let mut parts = Vec::new();
         let mut b = new_engine(&mut parts);
         let mut seen_b = None;
-        feed(&mut b, &fixes[..cut], &mut seen_b, lateness, &mut parts);
-        let json = serde_json::to_string(&b.export()).unwrap();
+        let mut store = Persisted::new();
+        feed(&mut b, &fixes[..cut], &mut seen_b, lateness, &mut parts, &mut store);
+        // Incremental persistence of dirty devices leaves exactly the full export in the store.
+        let full: Persisted = b.export().into_iter().map(|d| (d.id.clone(), d)).collect();
+        prop_assert_eq!(&store, &full);
+        let json = serde_json::to_string(&store.into_values().collect::<Vec<_>>()).unwrap();
         let w = b.watermark();
         drop(b);
         let mut c = new_engine(&mut parts);
@@ -338,7 +354,7 @@ proptest! {
             c.advance(w.plus(Dur::from_secs(downtime_s)), &mut parts);
         }
         // ...and the rest of the trace gives the rest of the events.
-        feed(&mut c, &fixes[cut..], &mut seen_b, lateness, &mut parts);
+        feed(&mut c, &fixes[cut..], &mut seen_b, lateness, &mut parts, &mut Persisted::new());
 
         let mut x: Vec<Key> = whole.iter().map(key).collect();
         let mut y: Vec<Key> = parts.iter().map(key).collect();

@@ -353,3 +353,249 @@ impl FenceIndex {
         });
     }
 }
+
+/// One entry as the point grid stores it: the envelope inline (the same outward-rounded `f32`
+/// bounds as the R-tree entry, so the grid's candidates are exactly the tree's), then what the
+/// exact test needs. Most candidates of a cell are rejected on the inline envelope, without
+/// touching their geometry. 48 bytes.
+#[derive(Clone)]
+struct Rec {
+    /// `[min_lon, min_lat, max_lon, max_lat]`.
+    env: [f32; 4],
+    idx: u32,
+    multi: bool,
+    geom: Geom,
+}
+
+impl Rec {
+    /// Same predicate as rstar's envelope intersection with a point envelope.
+    #[inline(always)]
+    fn hit(&self, p: [f32; 2]) -> bool {
+        self.env[0] <= p[0] && p[0] <= self.env[2] && self.env[1] <= p[1] && p[1] <= self.env[3]
+    }
+
+    fn width(&self) -> f64 {
+        f64::from(self.env[2]) - f64::from(self.env[0])
+    }
+
+    fn height(&self) -> f64 {
+        f64::from(self.env[3]) - f64::from(self.env[1])
+    }
+}
+
+/// Cell side as a multiple of the median envelope side (width and height separately).
+/// Measured on the benchmark's two mixes (`docs/bench-fences.md`).
+const CELL_FACTOR: f64 = 2.0;
+/// Envelopes wider or taller than this many median sides are not filed in the cells; they go
+/// to the next, coarser level (or, when few, to a list tested on every query).
+const OUTLIER_FACTOR: f64 = 64.0;
+/// An envelope covering more cells than this is not filed either (same treatment as outliers).
+const MAX_CELLS_PER_REC: usize = 256;
+/// Cells per entry at most (the grid gets coarser beyond), and the absolute cap.
+const CELLS_PER_REC: usize = 16;
+const MAX_CELLS: usize = 1 << 22;
+/// Up to this many unfiled entries are kept as a plain list; more get a coarser grid level.
+const MAX_BIG_LIST: usize = 32;
+
+/// Point-location accelerator: a uniform grid over the bounding box of the (non-outlier) entry
+/// envelopes, in CSR layout (`offs` + one contiguous `recs` array), each cell listing every
+/// entry whose `f32` envelope meets the cell. A query is one offset lookup and a short
+/// contiguous scan, instead of an R-tree descent of dependent node visits.
+///
+/// Exactness: cells are preimages of the monotone maps `col_of` / `row_of` (correctly rounded
+/// subtraction and multiplication, then truncation) evaluated on `f32` values; the query maps its
+/// `f32`-rounded point, so a point with `lo <= p <= hi` (the tree's own test, in `f32`) lies in a
+/// cell between the cells of `lo` and `hi`, where the entry is filed. Hence every entry the
+/// R-tree would report is found, and the inline test is the tree's test: the candidate sets are
+/// equal (tested), only their order differs (cell order = idx order).
+///
+/// The grid is derived data: the R-tree stays the source of truth, the index drops the grid on
+/// any change and rebuilds it on the next query (`O(entries x cells per entry)`, about 1 ms for
+/// 10,000 small fences).
+#[derive(Clone)]
+pub(crate) struct PointGrid {
+    x0: f64,
+    y0: f64,
+    /// Cells per degree, or 0 for a single column / row.
+    inv_w: f64,
+    inv_h: f64,
+    nx: usize,
+    ny: usize,
+    /// `recs[offs[k]..offs[k + 1]]` are cell `k = row * nx + col`'s entries.
+    offs: Vec<u32>,
+    recs: Vec<Rec>,
+    /// Entries not filed in cells (outliers), tested on every query.
+    big: Vec<Rec>,
+    /// A coarser level for the outliers when there are many of them.
+    next: Option<Box<PointGrid>>,
+}
+
+impl PointGrid {
+    fn empty() -> PointGrid {
+        PointGrid {
+            x0: 0.0,
+            y0: 0.0,
+            inv_w: 0.0,
+            inv_h: 0.0,
+            nx: 1,
+            ny: 1,
+            offs: vec![0, 0],
+            recs: Vec::new(),
+            big: Vec::new(),
+            next: None,
+        }
+    }
+
+    fn build(slots: &[Option<Slot>]) -> PointGrid {
+        let all: Vec<Rec> = slots
+            .iter()
+            .flatten()
+            .flat_map(|s| s.entries.iter())
+            .map(|e| Rec {
+                env: [
+                    e.env.lower()[0],
+                    e.env.lower()[1],
+                    e.env.upper()[0],
+                    e.env.upper()[1],
+                ],
+                idx: e.idx,
+                multi: e.multi,
+                geom: e.geom.clone(),
+            })
+            .collect();
+        PointGrid::from_recs(all)
+    }
+
+    fn from_recs(all: Vec<Rec>) -> PointGrid {
+        let mut g = PointGrid::empty();
+        if all.is_empty() {
+            return g;
+        }
+        let median = |mut v: Vec<f64>| {
+            let m = v.len() / 2;
+            *v.select_nth_unstable_by(m, f64::total_cmp).1
+        };
+        // A floor of 1e-6° (0.1 m) keeps degenerate (zero-width) envelopes from making the
+        // cells absurdly small.
+        let mw = median(all.iter().map(Rec::width).collect()).max(1e-6);
+        let mh = median(all.iter().map(Rec::height).collect()).max(1e-6);
+        let n_all = all.len();
+        let (normal, mut big): (Vec<Rec>, Vec<Rec>) = all
+            .into_iter()
+            .partition(|r| r.width() <= OUTLIER_FACTOR * mw && r.height() <= OUTLIER_FACTOR * mh);
+        if !normal.is_empty() {
+            let mut b = [
+                f64::INFINITY,
+                f64::INFINITY,
+                f64::NEG_INFINITY,
+                f64::NEG_INFINITY,
+            ];
+            for r in &normal {
+                b[0] = b[0].min(f64::from(r.env[0]));
+                b[1] = b[1].min(f64::from(r.env[1]));
+                b[2] = b[2].max(f64::from(r.env[2]));
+                b[3] = b[3].max(f64::from(r.env[3]));
+            }
+            let (w, h) = (b[2] - b[0], b[3] - b[1]);
+            let side = |len: f64, cell: f64| (len / cell).ceil().clamp(1.0, 65_536.0) as usize;
+            let cf: f64 = std::env::var("GEODWELL_CELL_FACTOR")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(CELL_FACTOR);
+            let (mut nx, mut ny) = (side(w, cf * mw), side(h, cf * mh));
+            let cap = (CELLS_PER_REC * normal.len()).clamp(1024, MAX_CELLS);
+            while nx * ny > cap {
+                let f = ((nx * ny) as f64 / cap as f64).sqrt().max(1.01);
+                nx = ((nx as f64 / f) as usize).max(1);
+                ny = ((ny as f64 / f) as usize).max(1);
+            }
+            g.x0 = b[0];
+            g.y0 = b[1];
+            g.nx = nx;
+            g.ny = ny;
+            g.inv_w = if nx > 1 { nx as f64 / w } else { 0.0 };
+            g.inv_h = if ny > 1 { ny as f64 / h } else { 0.0 };
+            let mut filed = Vec::with_capacity(normal.len());
+            let mut counts = vec![0u32; nx * ny + 1];
+            for r in normal {
+                let (c0, c1) = (g.col_of(r.env[0]), g.col_of(r.env[2]));
+                let (r0, r1) = (g.row_of(r.env[1]), g.row_of(r.env[3]));
+                if (c1 - c0 + 1) * (r1 - r0 + 1) > MAX_CELLS_PER_REC {
+                    big.push(r);
+                    continue;
+                }
+                for row in r0..=r1 {
+                    for c in &mut counts[row * nx + c0..=row * nx + c1] {
+                        *c += 1;
+                    }
+                }
+                filed.push((r, c0, c1, r0, r1));
+            }
+            let mut acc = 0u32;
+            for c in counts.iter_mut() {
+                let n = *c;
+                *c = acc;
+                acc += n;
+            }
+            let mut fill: Vec<u32> = counts[..nx * ny].to_vec();
+            let mut slots: Vec<Option<Rec>> = vec![None; acc as usize];
+            for (r, c0, c1, r0, r1) in filed {
+                for row in r0..=r1 {
+                    for f in &mut fill[row * nx + c0..=row * nx + c1] {
+                        slots[*f as usize] = Some(r.clone());
+                        *f += 1;
+                    }
+                }
+            }
+            g.offs = counts;
+            g.recs = slots.into_iter().flatten().collect();
+        }
+        if big.len() > MAX_BIG_LIST && big.len() < n_all {
+            g.next = Some(Box::new(PointGrid::from_recs(big)));
+        } else {
+            g.big = big;
+        }
+        g
+    }
+
+    // Monotone in `x` (correctly rounded steps, then truncation); NaN goes to column 0.
+    #[inline(always)]
+    fn col_of(&self, x: f32) -> usize {
+        let t = (f64::from(x) - self.x0) * self.inv_w;
+        if t >= 0.0 {
+            (t as usize).min(self.nx - 1)
+        } else {
+            0
+        }
+    }
+
+    #[inline(always)]
+    fn row_of(&self, y: f32) -> usize {
+        let t = (f64::from(y) - self.y0) * self.inv_h;
+        if t >= 0.0 {
+            (t as usize).min(self.ny - 1)
+        } else {
+            0
+        }
+    }
+
+    /// Calls `f` for every entry whose envelope holds the point (the R-tree's candidates).
+    #[inline]
+    fn for_each_hit(&self, lon: f64, lat: f64, mut f: impl FnMut(&Rec)) {
+        let p = f32_point(lon, lat);
+        let mut g = self;
+        loop {
+            let k = g.row_of(p[1]) * g.nx + g.col_of(p[0]);
+            let (a, b) = (g.offs[k] as usize, g.offs[k + 1] as usize);
+            for r in g.recs[a..b].iter().chain(&g.big) {
+                if r.hit(p) {
+                    f(r);
+                }
+            }
+            match &g.next {
+                Some(n) => g = n,
+                None => return,
+            }
+        }
+    }
+}

@@ -1051,3 +1051,90 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn point_grid_candidates_equal_the_rtree_under_changes() {
+    // Envelopes over five orders of magnitude (so some are outliers filed in a coarser level or
+    // the big list), circles across the antimeridian and around a pole, many upserts, replaces
+    // and removes between queries; probes at random and exactly on envelope corners.
+    let mut s = 99u64;
+    let mut rnd = || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        (s >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let mut idx = FenceIndex::new();
+    let mut corners: Vec<[f64; 2]> = Vec::new();
+    for round in 0..40 {
+        for k in 0..25 {
+            let id = format!("f{}", (rnd() * 300.0) as usize);
+            let (x, y) = (rnd() * 40.0 - 20.0, rnd() * 40.0 - 20.0);
+            let size = 1e-4 * 10f64.powf(rnd() * 5.0);
+            let f = match k % 7 {
+                0 if round % 3 == 0 => idx.remove(&id).map(|_| None).unwrap_or(None),
+                1 => Some(Fence::new_circle(
+                    &id,
+                    if k % 2 == 0 { 179.99 } else { x },
+                    if round % 5 == 0 { 89.95 } else { y },
+                    size * 50_000.0,
+                    FenceSettings::default(),
+                    &limits(),
+                )),
+                _ => Some(Fence::new_polygon(
+                    &id,
+                    &[vec![square(x, y, size.min(10.0))]],
+                    FenceSettings::default(),
+                    &limits(),
+                )),
+            };
+            if let Some(f) = f {
+                let f = Arc::new(f.expect("valid"));
+                for e in f.envelopes() {
+                    corners.push([e[0], e[1]]);
+                    corners.push([e[2], e[3]]);
+                }
+                idx.upsert(f);
+            }
+        }
+        let mut probes: Vec<[f64; 2]> = (0..200)
+            .map(|_| [rnd() * 44.0 - 22.0, rnd() * 44.0 - 22.0])
+            .collect();
+        probes.extend(corners.iter().rev().take(100));
+        probes.extend([
+            [180.0, 89.99],
+            [-180.0, 89.97],
+            [179.995, 20.0],
+            [0.0, 90.0],
+        ]);
+        for p in probes {
+            let mut grid = Vec::new();
+            idx.candidates(p[0], p[1], &mut grid);
+            let mut tree = Vec::new();
+            idx.candidates_rtree(p[0], p[1], &mut tree);
+            grid.sort();
+            tree.sort();
+            assert_eq!(grid, tree, "round {round} at {p:?}");
+            let mut got = Vec::new();
+            idx.containing(p[0], p[1], &mut got);
+            got.sort();
+            let want: Vec<FenceIdx> = idx
+                .iter()
+                .filter(|(_, f)| f.contains(p[0], p[1]))
+                .map(|(i, _)| i)
+                .collect();
+            assert_eq!(got, want, "round {round} at {p:?}");
+        }
+    }
+    // A bulk-loaded copy answers the same.
+    let bulk = FenceIndex::from_fences(idx.iter().map(|(_, f)| f.clone()).collect::<Vec<_>>());
+    for _ in 0..500 {
+        let p = [rnd() * 44.0 - 22.0, rnd() * 44.0 - 22.0];
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        bulk.candidates(p[0], p[1], &mut a);
+        bulk.candidates_rtree(p[0], p[1], &mut b);
+        a.sort();
+        b.sort();
+        assert_eq!(a, b, "bulk at {p:?}");
+    }
+}

@@ -1,0 +1,1 @@
+//! Durable state on redb (being built).
