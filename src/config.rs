@@ -92,6 +92,43 @@ pub struct Config {
     pub subscriber_queue: usize,
     /// Largest poll `limit`.
     pub max_poll_limit: usize,
+    /// How state is persisted.
+    pub durability: DurabilityMode,
+    /// async durability: longest time between commits.
+    pub commit_interval: Dur,
+}
+
+/// How state is persisted (`[store] durability`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DurabilityMode {
+    /// Commit (fsync) before answering.
+    Sync,
+    /// Commit every `commit_interval`.
+    Async,
+    /// In memory only.
+    None,
+}
+
+impl std::str::FromStr for DurabilityMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "sync" => Ok(DurabilityMode::Sync),
+            "async" => Ok(DurabilityMode::Async),
+            "none" => Ok(DurabilityMode::None),
+            _ => Err(format!("expected \"sync\", \"async\" or \"none\", got {s:?}")),
+        }
+    }
+}
+
+impl fmt::Display for DurabilityMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DurabilityMode::Sync => "sync",
+            DurabilityMode::Async => "async",
+            DurabilityMode::None => "none",
+        })
+    }
 }
 
 /// One configuration problem.
@@ -133,6 +170,7 @@ enum Kind {
     Count { min: usize, max: usize },
     Duration { zero_ok: bool },
     Clock,
+    Durability,
     Path,
     OptPath,
 }
@@ -210,6 +248,8 @@ const SCHEMA: &[(&str, &str, Kind)] = &[
             max: 1_000_000,
         },
     ),
+    ("store", "durability", Kind::Durability),
+    ("store", "commit_interval", Kind::Duration { zero_ok: false }),
     (
         "events",
         "log_capacity",
@@ -357,6 +397,8 @@ impl Config {
             log_max_age: b.dur("log_max_age"),
             subscriber_queue: b.count("subscriber_queue"),
             max_poll_limit: b.count("max_poll_limit"),
+            durability: b.durability("durability"),
+            commit_interval: b.dur("commit_interval"),
         };
         let mut cfg = cfg;
         if cfg.shards == 0 {
@@ -505,6 +547,20 @@ impl Builder<'_> {
         text.parse().unwrap_or_else(|e| {
             self.fail(name, e);
             ClockMode::Live
+        })
+    }
+
+    fn durability(&mut self, key: &str) -> DurabilityMode {
+        let Some((name, v, _)) = self.get(key) else {
+            return DurabilityMode::Sync;
+        };
+        let text = match v {
+            Val::Int(i) => i.to_string(),
+            Val::Str(s) => s,
+        };
+        text.parse().unwrap_or_else(|e| {
+            self.fail(name, e);
+            DurabilityMode::Sync
         })
     }
 

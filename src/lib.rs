@@ -130,6 +130,7 @@ pub async fn run(
         tick: cfg.tick,
         max_fires_per_advance: cfg.max_fires_per_tick,
         max_buffered_per_device: cfg.max_buffered_per_device,
+        track_dirty: false,
     };
     let shard_stop = CancellationToken::new();
     let mut senders = Vec::new();

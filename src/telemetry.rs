@@ -52,6 +52,12 @@ pub const HTTP_REQUEST_SECONDS: &str = "geodwell_http_request_duration_seconds";
 pub const EVENT_LOG_EVENTS: &str = "geodwell_event_log_events";
 /// Fences loaded.
 pub const FENCES: &str = "geodwell_fences";
+/// State store commit duration, seconds.
+pub const STORE_COMMIT_SECONDS: &str = "geodwell_store_commit_duration_seconds";
+/// State store commits.
+pub const STORE_COMMITS: &str = "geodwell_store_commits_total";
+/// Failed state store commits (data kept and retried).
+pub const STORE_COMMIT_FAILURES: &str = "geodwell_store_commit_failures_total";
 
 /// Installs the Prometheus recorder once per process and returns its handle.
 pub fn install() -> PrometheusHandle {
@@ -129,6 +135,9 @@ fn describe() {
     );
     describe_gauge!(EVENT_LOG_EVENTS, "Events held in the event log.");
     describe_gauge!(FENCES, "Fences loaded.");
+    describe_histogram!(STORE_COMMIT_SECONDS, Unit::Seconds, "State store commit duration.");
+    describe_counter!(STORE_COMMITS, "State store commits.");
+    describe_counter!(STORE_COMMIT_FAILURES, "Failed state store commits (data kept, retried).");
 }
 
 /// Sets up `tracing` to stderr, filtered by `GEODWELL_LOG` (default `info`).

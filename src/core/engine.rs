@@ -49,6 +49,9 @@ pub struct EngineConfig {
     pub max_fires_per_advance: usize,
     /// Most fixes one device may hold in its reorder buffer.
     pub max_buffered_per_device: usize,
+    /// Track devices whose durable state changed, for [`Engine::take_dirty`] (on when a store
+    /// persists the engine; off saves the bookkeeping).
+    pub track_dirty: bool,
 }
 
 impl Default for EngineConfig {
@@ -57,6 +60,7 @@ impl Default for EngineConfig {
             tick: Dur::from_secs(1),
             max_fires_per_advance: 100_000,
             max_buffered_per_device: 1024,
+            track_dirty: false,
         }
     }
 }
@@ -793,6 +797,9 @@ impl Engine {
     }
 
     fn mark_dirty(&mut self, d: u32) {
+        if !self.cfg.track_dirty {
+            return;
+        }
         let dev = &mut self.devices[d as usize];
         if !dev.dirty {
             dev.dirty = true;

@@ -91,18 +91,41 @@ impl EventLog {
                 g.buf.push_back(le.clone());
                 out.push(le);
             }
-            let horizon = wall_now.minus(self.max_age);
-            while g.buf.len() > self.capacity
-                || g.buf
-                    .front()
-                    .is_some_and(|f| f.event.emitted_at.is_some_and(|t| t < horizon))
-            {
-                g.buf.pop_front();
-            }
+            self.trim(&mut g, Some(wall_now));
             g.next_seq
         };
         self.head.send_replace(next);
         out
+    }
+
+    /// Appends events already stamped by the publisher (their `seq` must continue the log's).
+    pub fn append_stamped(&self, events: Vec<Arc<LoggedEvent>>) {
+        if events.is_empty() {
+            return;
+        }
+        let next = {
+            let mut g = self.lock();
+            let now = events.last().and_then(|e| e.event.emitted_at);
+            for e in events {
+                debug_assert_eq!(e.event.seq, g.next_seq, "seq must be gap-free");
+                g.next_seq = e.event.seq + 1;
+                g.buf.push_back(e);
+            }
+            self.trim(&mut g, now);
+            g.next_seq
+        };
+        self.head.send_replace(next);
+    }
+
+    fn trim(&self, g: &mut Inner, now: Option<Ts>) {
+        let horizon = now.map(|n| n.minus(self.max_age));
+        while g.buf.len() > self.capacity
+            || g.buf.front().is_some_and(|f| {
+                matches!((f.event.emitted_at, horizon), (Some(t), Some(h)) if t < h)
+            })
+        {
+            g.buf.pop_front();
+        }
     }
 
     /// Reads up to `limit` events from `from_seq` on.

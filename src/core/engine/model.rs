@@ -163,6 +163,7 @@ fn run_engines(fences: &[Arc<Fence>], arrival: &[Fix], batches: &[usize], run: &
         tick: run.tick,
         max_fires_per_advance: run.cap,
         max_buffered_per_device: 10_000,
+        track_dirty: false,
     };
     let mut engines: Vec<Engine> = (0..run.shards).map(|_| Engine::new(cfg.clone())).collect();
     let mut out = Vec::new();
@@ -311,7 +312,7 @@ proptest! {
         let mut fixes = trace(&mut rng, devices, lateness_s > 0);
         fixes.sort_by(|a, b| a.order(b));
         let cut = ((fixes.len() as f64) * cut_frac) as usize;
-        let cfg = EngineConfig::default();
+        let cfg = EngineConfig { track_dirty: true, ..EngineConfig::default() };
         let new_engine = |out: &mut Vec<Event>| {
             let mut e = Engine::new(cfg.clone());
             for f in &fences {
