@@ -5,7 +5,7 @@
 //! some overlapping) and 300 large ragged ones (10k-80k vertices, midpoint-displacement
 //! coastlines), plus N fixes per mix (default 1,000,000), many near the large fences' edges.
 //! Measures single-threaded evaluations per second (one evaluation = every fence containing the
-//! fix: R-tree candidates + exact tests), the naive baseline (plain per-polygon scan, no edge
+//! fix: point-grid candidates + exact tests), the naive baseline (plain per-polygon scan, no edge
 //! grid) on a subset of the large mix, and checks that both give identical results (exit code
 //! 1 on any mismatch). Prints a markdown table and writes `target/bench/fences.json`.
 //! See `docs/bench-fences.md`.
@@ -195,7 +195,7 @@ fn run(idx: &FenceIndex, fixes: &[[f64; 2]]) -> (f64, u64) {
     (t.elapsed().as_secs_f64(), black_box(hits))
 }
 
-/// Candidates only (R-tree, no exact test): seconds and total candidates.
+/// Candidates only (point grid, no exact test): seconds and total candidates.
 fn run_candidates(idx: &FenceIndex, fixes: &[[f64; 2]]) -> (f64, usize) {
     let mut out: Vec<FenceIdx> = Vec::with_capacity(64);
     let mut n = 0usize;
@@ -320,6 +320,40 @@ fn main() {
         "order must not change results"
     );
     let (s_cand_secs, s_cands) = run_candidates(&sidx, &sfix);
+
+    // Fence churn between fixes: replace one fence, then evaluate one fix. The point grid is
+    // patched in place; every 65th change drops it and the next query rebuilds it.
+    let small_arcs: Vec<Arc<Fence>> = sidx.iter().map(|(_, f)| f.clone()).collect();
+    let mut churn = sidx.clone();
+    let churn_n = 5000.min(fixes_n);
+    let mut out = Vec::new();
+    let t = Instant::now();
+    for (k, p) in sfix[..churn_n].iter().enumerate() {
+        churn.upsert(small_arcs[k * 7919 % small_arcs.len()].clone());
+        out.clear();
+        churn.containing(black_box(p[0]), black_box(p[1]), &mut out);
+    }
+    let churn_s = t.elapsed().as_secs_f64();
+    let mut rebuilt = sidx.clone();
+    for f in small_arcs.iter().take(65) {
+        rebuilt.upsert(f.clone());
+    }
+    let t = Instant::now();
+    rebuilt.containing(sfix[0][0], sfix[0][1], &mut out);
+    let rebuild_s = t.elapsed().as_secs_f64();
+    for p in sfix.iter().take(20_000) {
+        let mut sets = [&sidx, &churn, &rebuilt].map(|ix| {
+            let mut v = Vec::new();
+            ix.containing(p[0], p[1], &mut v);
+            v.sort();
+            v
+        });
+        sets.sort();
+        assert!(
+            sets[0] == sets[2],
+            "patched / rebuilt point grid disagrees at {p:?}"
+        );
+    }
     let (l_cand_secs, l_cands) = run_candidates(&lidx, &lfix);
 
     // Naive baseline on a subset of the large mix: same candidates, plain scan of every edge.
@@ -460,12 +494,17 @@ fn main() {
         1e9 * l_z_secs / fixes_n as f64
     );
     println!(
-        "| small mix: candidates only (R-tree) | | | {:.2} M/s ({:.0} ns/fix) | |",
+        "| small mix: replace one fence + evaluate one fix ({churn_n} cycles) | | | {:.1} µs per cycle; point grid rebuild {:.1} ms | |",
+        1e6 * churn_s / churn_n as f64,
+        rebuild_s * 1e3
+    );
+    println!(
+        "| small mix: candidates only (point grid) | | | {:.2} M/s ({:.0} ns/fix) | |",
         fixes_n as f64 / s_cand_secs / 1e6,
         1e9 * s_cand_secs / fixes_n as f64
     );
     println!(
-        "| large mix: candidates only (R-tree) | | | {:.2} M/s ({:.0} ns/fix) | |",
+        "| large mix: candidates only (point grid) | | | {:.2} M/s ({:.0} ns/fix) | |",
         fixes_n as f64 / l_cand_secs / 1e6,
         1e9 * l_cand_secs / fixes_n as f64
     );
@@ -520,6 +559,7 @@ fn main() {
         "naive": {"fixes": naive_n, "indexed_evals_per_s": sub_rate, "naive_evals_per_s": naive_rate,
                   "speedup": sub_rate / naive_rate, "mismatches": mismatches},
         "z_order_evals_per_s": {"small": fixes_n as f64 / s_z_secs, "large": fixes_n as f64 / l_z_secs},
+        "churn": {"cycles": churn_n, "us_per_cycle": 1e6 * churn_s / churn_n as f64, "grid_rebuild_ms": rebuild_s * 1e3},
         "candidates_only_ns": {"small": 1e9 * s_cand_secs / fixes_n as f64, "large": 1e9 * l_cand_secs / fixes_n as f64},
         "within_50m": {"calls": pairs.len(), "within": within_n, "indexed_per_s": within_rate, "naive_per_s": within_naive_rate},
         "distance": {"calls": pairs.len(), "indexed_per_s": dist_rate, "naive_per_s": dist_naive_rate,

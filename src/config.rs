@@ -116,7 +116,9 @@ impl std::str::FromStr for DurabilityMode {
             "sync" => Ok(DurabilityMode::Sync),
             "async" => Ok(DurabilityMode::Async),
             "none" => Ok(DurabilityMode::None),
-            _ => Err(format!("expected \"sync\", \"async\" or \"none\", got {s:?}")),
+            _ => Err(format!(
+                "expected \"sync\", \"async\" or \"none\", got {s:?}"
+            )),
         }
     }
 }
@@ -249,7 +251,11 @@ const SCHEMA: &[(&str, &str, Kind)] = &[
         },
     ),
     ("store", "durability", Kind::Durability),
-    ("store", "commit_interval", Kind::Duration { zero_ok: false }),
+    (
+        "store",
+        "commit_interval",
+        Kind::Duration { zero_ok: false },
+    ),
     (
         "events",
         "log_capacity",

@@ -17,6 +17,7 @@ use crate::config::ClockMode;
 use crate::core::engine::{IngestError, Ingested};
 use crate::core::fix::Fix;
 use crate::core::time::Ts;
+use crate::events::publisher::PublishError;
 use crate::shard::{ShardMsg, StampedFix};
 use crate::state::AppState;
 use crate::telemetry as t;
@@ -54,6 +55,8 @@ pub enum BatchError {
     Overloaded,
     /// The service is shutting down.
     ShuttingDown,
+    /// The state store cannot commit: nothing of this batch is acknowledged; retry later.
+    StoreUnavailable(String),
 }
 
 /// Parses one JSON item into a validated fix.
@@ -198,6 +201,11 @@ pub async fn submit(
             }
         }
     }
+    static REQUESTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let request = (
+        REQUESTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        permits.len() as u32,
+    );
     let mut replies = Vec::new();
     for (k, permit) in permits {
         let (tx, rx) = oneshot::channel();
@@ -205,12 +213,17 @@ pub async fn submit(
             fixes: std::mem::take(&mut per_shard[k]),
             arrived,
             reply: tx,
+            request,
         });
         replies.push(rx);
     }
     st.publish_event_watermark();
     for rx in replies {
-        let outcomes = rx.await.map_err(|_| BatchError::ShuttingDown)?;
+        let outcomes = match rx.await {
+            Ok(Ok(outcomes)) => outcomes,
+            Ok(Err(PublishError::Store(msg))) => return Err(BatchError::StoreUnavailable(msg)),
+            Ok(Err(PublishError::Closed)) | Err(_) => return Err(BatchError::ShuttingDown),
+        };
         for (index, o) in outcomes {
             match o {
                 Ok(Ingested::Accepted) => report.accepted += 1,
@@ -265,15 +278,29 @@ mod tests {
         )
         .unwrap();
         let (senders, receivers): (Vec<_>, Vec<_>) = (0..2).map(|_| mpsc::channel(queue)).unzip();
+        let log = Arc::new(EventLog::new(10, Dur::from_secs(60), 1));
+        let max_seen = Arc::new(AtomicI64::new(i64::MIN));
+        let (publisher, _task) = crate::events::publisher::spawn(
+            crate::events::publisher::PublisherCfg {
+                store: None,
+                commit_interval: std::time::Duration::from_millis(100),
+                log_capacity: 10,
+                queue: 16,
+            },
+            log.clone(),
+            WallClock::start(),
+            max_seen.clone(),
+        );
         let st = AppState {
             fence_limits: crate::fence_limits(&cfg),
             cfg,
             shards: senders,
-            log: Arc::new(EventLog::new(10, Dur::from_secs(60), 1)),
+            log: log.clone(),
+            publisher,
             fences: Default::default(),
             fence_write: tokio::sync::Mutex::new(()),
             wall: WallClock::start(),
-            max_seen: AtomicI64::new(i64::MIN),
+            max_seen,
             event_w: watch::channel(None).0,
             metrics: crate::telemetry::install(),
             shutdown: CancellationToken::new(),

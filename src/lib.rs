@@ -33,7 +33,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicI64;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 use tokio::net::TcpListener;
@@ -41,12 +41,17 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::Config;
-use crate::core::engine::{Engine, EngineConfig};
+use crate::config::{ClockMode, Config, DurabilityMode};
+use crate::core::engine::{DeviceState, Engine, EngineConfig, Restored};
+use crate::core::event::Event;
 use crate::core::fences::{Fence, FenceErrors, FenceLimits, parse_fences_str};
+use crate::core::time::Ts;
 use crate::events::EventLog;
+use crate::events::LoggedEvent;
+use crate::events::publisher::{PublisherCfg, Step};
 use crate::shard::{ShardCtx, WallClock};
 use crate::state::AppState;
+use crate::store::{Durability, Store, StoreError};
 
 /// Why the service could not start or stopped with an error.
 #[derive(Debug, Error)]
@@ -80,6 +85,12 @@ pub enum RunError {
     /// The listener failed.
     #[error("server error: {0}")]
     Io(#[from] std::io::Error),
+    /// The state store cannot be opened or read.
+    #[error("state store: {0}")]
+    Store(StoreError),
+    /// The stored state is inconsistent.
+    #[error("state store is inconsistent: {0}")]
+    Corrupt(String),
 }
 
 /// Fence validation limits derived from the configuration.
@@ -122,37 +133,193 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), RunError> {
     let metrics = telemetry::install();
-    let fences: Vec<Arc<Fence>> = load_fences(&cfg)?.into_iter().map(Arc::new).collect();
     let wall = WallClock::start();
-    let log = Arc::new(EventLog::new(cfg.log_capacity, cfg.log_max_age, 1));
-    let (event_w, event_w_rx) = watch::channel(None);
+    let started = Instant::now();
+
+    // Warm start: the store (if any) is authoritative; the fences file seeds an empty store.
+    let store = match cfg.durability {
+        DurabilityMode::None => None,
+        _ => Some(Arc::new(
+            Store::open(&cfg.data_dir).map_err(RunError::Store)?,
+        )),
+    };
+    let snapshot = match &store {
+        Some(s) => Some(s.load(cfg.log_capacity).map_err(RunError::Store)?),
+        None => None,
+    };
+    let (fences, seed_fences) = match &snapshot {
+        Some(snap) if !snap.fences.is_empty() => {
+            let limits = fence_limits(&cfg);
+            let mut fences = Vec::with_capacity(snap.fences.len());
+            for text in &snap.fences {
+                let parsed =
+                    parse_fences_str(text, &limits).map_err(|errors| RunError::FencesInvalid {
+                        path: cfg.data_dir.clone(),
+                        errors,
+                    })?;
+                fences.extend(parsed.into_iter().map(Arc::new));
+            }
+            (fences, false)
+        }
+        _ => (
+            load_fences(&cfg)?
+                .into_iter()
+                .map(Arc::new)
+                .collect::<Vec<_>>(),
+            store.is_some(),
+        ),
+    };
+    let next_seq = snapshot.as_ref().map_or(1, |s| s.next_seq.max(1));
+    let tail = snapshot
+        .as_ref()
+        .map(|s| s.events.clone())
+        .unwrap_or_default();
+    let log = Arc::new(EventLog::new(
+        cfg.log_capacity,
+        cfg.log_max_age,
+        tail.first().map_or(next_seq, |(seq, _)| *seq),
+    ));
+    let mut restored_events = Vec::with_capacity(tail.len());
+    for (_, json) in tail {
+        match serde_json::from_str::<Event>(&json) {
+            Ok(event) => restored_events.push(Arc::new(LoggedEvent {
+                event,
+                json: json.into(),
+            })),
+            Err(e) => {
+                return Err(RunError::Corrupt(format!(
+                    "stored event does not decode: {e}"
+                )));
+            }
+        }
+    }
+    let events_restored = restored_events.len();
+    log.append_stamped(restored_events);
+    if log.next_seq() != next_seq {
+        return Err(RunError::Corrupt(format!(
+            "stored events end at seq {} but the store says next_seq = {next_seq}",
+            log.next_seq()
+        )));
+    }
+    let max_seen = Arc::new(AtomicI64::new(
+        snapshot
+            .as_ref()
+            .and_then(|s| s.max_seen)
+            .unwrap_or(i64::MIN),
+    ));
+    let restore_w = match cfg.clock {
+        ClockMode::Live => snapshot.as_ref().and_then(|s| s.watermark).map(Ts),
+        ClockMode::Event => snapshot
+            .as_ref()
+            .and_then(|s| s.max_seen)
+            .map(|m| Ts(m).minus(cfg.lateness)),
+    };
+    let (event_w, event_w_rx) = watch::channel(match cfg.clock {
+        ClockMode::Event => restore_w,
+        ClockMode::Live => None,
+    });
+
+    let durability = match cfg.durability {
+        DurabilityMode::Sync => Durability::Sync,
+        _ => Durability::Async,
+    };
+    let (publisher, publisher_task) = events::publisher::spawn(
+        PublisherCfg {
+            store: store.clone().map(|s| (s, durability)),
+            commit_interval: Duration::from_millis(cfg.commit_interval.millis().max(1) as u64),
+            log_capacity: cfg.log_capacity,
+            queue: 4096,
+        },
+        log.clone(),
+        wall,
+        max_seen.clone(),
+    );
+    if seed_fences && !fences.is_empty() {
+        let (ack, done) = tokio::sync::oneshot::channel();
+        let step = Step {
+            fences_put: fences
+                .iter()
+                .map(|f| {
+                    (
+                        f.id.to_string(),
+                        serde_json::to_string(&f.to_feature()).unwrap_or_default(),
+                    )
+                })
+                .collect(),
+            ack: Some(ack),
+            ..Step::default()
+        };
+        let stored = match publisher.send(step).await {
+            Ok(()) => done
+                .await
+                .map_err(|_| events::publisher::PublishError::Closed)
+                .and_then(|r| r),
+            Err(e) => Err(e),
+        };
+        stored.map_err(|e| RunError::Corrupt(format!("cannot store the preloaded fences: {e}")))?;
+    }
+
     let engine_cfg = EngineConfig {
         tick: cfg.tick,
         max_fires_per_advance: cfg.max_fires_per_tick,
         max_buffered_per_device: cfg.max_buffered_per_device,
-        track_dirty: false,
+        track_dirty: store.is_some(),
     };
+    let mut per_shard: Vec<Vec<DeviceState>> = (0..cfg.shards).map(|_| Vec::new()).collect();
+    if let Some(snap) = snapshot {
+        for d in snap.devices {
+            per_shard[ingest::shard_of(&d.id, cfg.shards)].push(d);
+        }
+    }
     let shard_stop = CancellationToken::new();
     let mut senders = Vec::new();
     let mut shard_tasks = Vec::new();
-    for id in 0..cfg.shards {
+    let mut restored = Restored::default();
+    let mut timers = 0;
+    for (id, devices) in per_shard.into_iter().enumerate() {
         let (tx, rx) = mpsc::channel(cfg.shard_queue);
         let mut engine = Engine::new(engine_cfg.clone());
         let mut sink = Vec::new();
         for f in &fences {
             engine.upsert_fence(f.clone(), &mut sink);
         }
+        let r = engine
+            .restore(devices, restore_w)
+            .map_err(|e| RunError::Corrupt(e.to_string()))?;
+        restored.devices += r.devices;
+        restored.pairs += r.pairs;
+        restored.dropped_pairs += r.dropped_pairs;
+        restored.buffered += r.buffered;
+        let ws = engine.stats().wheel;
+        timers += ws.entries - ws.tombstones;
         let ctx = ShardCtx {
             id,
             clock: cfg.clock,
             lateness: cfg.lateness,
             wall,
             event_w: event_w_rx.clone(),
-            log: log.clone(),
+            publisher: publisher.clone(),
+            persist: store.is_some(),
             shutdown: shard_stop.clone(),
         };
         senders.push(tx);
         shard_tasks.push(tokio::spawn(shard::run(engine, rx, ctx)));
+    }
+    if store.is_some() {
+        tracing::info!(
+            data_dir = %cfg.data_dir.display(),
+            durability = %cfg.durability,
+            devices = restored.devices,
+            pairs = restored.pairs,
+            timers,
+            buffered_fixes = restored.buffered,
+            dropped_pairs = restored.dropped_pairs,
+            events = events_restored,
+            next_seq,
+            watermark = ?restore_w,
+            took_ms = started.elapsed().as_millis() as u64,
+            "state restored"
+        );
     }
     let fence_map: BTreeMap<String, Arc<Fence>> = fences
         .iter()
@@ -164,22 +331,24 @@ pub async fn run(
         cfg: cfg.clone(),
         shards: senders,
         log,
+        publisher,
         fences: std::sync::RwLock::new(fence_map),
         fence_write: tokio::sync::Mutex::new(()),
         wall,
-        max_seen: AtomicI64::new(i64::MIN),
+        max_seen,
         event_w,
         metrics,
         shutdown: shutdown.clone(),
         tasks: TaskTracker::new(),
     });
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, shards = cfg.shards, clock = %cfg.clock, lateness = %cfg.lateness, fences = fences.len(), "geodwell listening");
+    tracing::info!(%addr, shards = cfg.shards, clock = %cfg.clock, lateness = %cfg.lateness, durability = %cfg.durability, fences = fences.len(), "geodwell listening");
     let app = http::router(state.clone());
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
         .await;
-    // Stop: WebSocket tasks see the token and say goodbye; then the shards drain their queues.
+    // Stop: WebSocket tasks see the token and say goodbye; then the shards drain their queues;
+    // then the publisher makes its last commit.
     state.tasks.close();
     let grace = Duration::from_millis(cfg.shutdown_grace.millis().max(0) as u64);
     if tokio::time::timeout(grace, state.tasks.wait())
@@ -191,6 +360,10 @@ pub async fn run(
     shard_stop.cancel();
     for t in shard_tasks {
         let _ = tokio::time::timeout(grace, t).await;
+    }
+    drop(state);
+    if tokio::time::timeout(grace, publisher_task).await.is_err() {
+        tracing::warn!("the final state commit did not finish within the shutdown grace period");
     }
     tracing::info!("geodwell stopped");
     served.map_err(RunError::Io)

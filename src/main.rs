@@ -46,6 +46,21 @@ enum Cmd {
         /// The file.
         file: PathBuf,
     },
+    /// Inspect the state store.
+    Store {
+        #[command(subcommand)]
+        cmd: StoreCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum StoreCmd {
+    /// Verify a store: schema version, every record decodes, events are contiguous.
+    Check {
+        /// The data directory holding geodwell.redb.
+        #[arg(long)]
+        data_dir: PathBuf,
+    },
 }
 
 fn parse_dur(s: &str) -> Result<Dur, String> {
@@ -95,6 +110,13 @@ fn real_main() -> anyhow::Result<()> {
                 cfg.clock,
                 cfg.listen
             );
+            Ok(())
+        }
+        Cmd::Store {
+            cmd: StoreCmd::Check { data_dir },
+        } => {
+            let report = geodwell::store::check(&data_dir).map_err(|e| anyhow::anyhow!("{e}"))?;
+            println!("{report}");
             Ok(())
         }
         Cmd::Serve {

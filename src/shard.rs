@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use metrics::{counter, gauge, histogram};
+use metrics::{gauge, histogram};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -20,7 +20,7 @@ use crate::core::event::Event;
 use crate::core::fences::Fence;
 use crate::core::fix::Fix;
 use crate::core::time::{Dur, Ts};
-use crate::events::EventLog;
+use crate::events::publisher::{Publisher, Step, StepReply};
 use crate::telemetry as t;
 
 /// Wall time derived from one (SystemTime, Instant) origin: monotonic, so it never jumps back and
@@ -78,8 +78,11 @@ pub enum ShardMsg {
         fixes: Vec<StampedFix>,
         /// When the batch arrived (for the ingest-to-event latency).
         arrived: Instant,
-        /// Where to answer.
-        reply: oneshot::Sender<Vec<FixOutcome>>,
+        /// The request this is part of: (request id, number of shard parts). The publisher
+        /// commits all parts of a request together, so a crash keeps all of it or none.
+        request: (u64, u32),
+        /// Where to answer (after the step is durable).
+        reply: oneshot::Sender<StepReply>,
     },
     /// Insert or replace a fence.
     UpsertFence(Arc<Fence>),
@@ -112,10 +115,21 @@ pub struct ShardCtx {
     pub wall: WallClock,
     /// Event-mode watermark, shared by all shards.
     pub event_w: watch::Receiver<Option<Ts>>,
-    /// The event log.
-    pub log: Arc<EventLog>,
+    /// Where steps go to be committed and published.
+    pub publisher: Publisher,
+    /// Whether device state is persisted (a store is configured).
+    pub persist: bool,
     /// Cancelled at shutdown.
     pub shutdown: CancellationToken,
+}
+
+/// A reply waiting for its step to be durable.
+struct Waiting {
+    reply: oneshot::Sender<StepReply>,
+    outcomes: Vec<FixOutcome>,
+    arrived: Instant,
+    request: (u64, u32),
+    max_ts: Option<crate::core::time::Ts>,
 }
 
 /// Runs a shard until shutdown; drains queued messages before returning.
@@ -123,6 +137,18 @@ pub async fn run(mut engine: Engine, mut rx: mpsc::Receiver<ShardMsg>, mut ctx: 
     let label = ctx.id.to_string();
     let mut out: Vec<Event> = Vec::new();
     let mut carried_ticks = 0u32;
+    // Warm start: deadlines that passed while the process was down are due now.
+    let w0 = match ctx.clock {
+        ClockMode::Live => Some(ctx.wall.now().minus(ctx.lateness)),
+        ClockMode::Event => *ctx.event_w.borrow_and_update(),
+    };
+    if let Some(w) = w0 {
+        engine.advance(w, &mut out);
+        if !publish(&ctx, &mut engine, &mut out, None).await {
+            return;
+        }
+    }
+    report(&engine, &label);
     loop {
         let wake = match ctx.clock {
             ClockMode::Live => engine.next_due().map(|t| {
@@ -135,12 +161,12 @@ pub async fn run(mut engine: Engine, mut rx: mpsc::Receiver<ShardMsg>, mut ctx: 
             }),
             ClockMode::Event => (carried_ticks > 0).then(Instant::now),
         };
-        let mut arrived = None;
+        let mut waiting: Option<Waiting> = None;
         tokio::select! {
             biased;
             _ = ctx.shutdown.cancelled() => break,
             msg = rx.recv() => match msg {
-                Some(msg) => arrived = handle(&mut engine, msg, &mut out),
+                Some(msg) => waiting = handle(&mut engine, msg, &mut out),
                 None => break,
             },
             changed = ctx.event_w.changed(), if ctx.clock == ClockMode::Event => {
@@ -175,31 +201,42 @@ pub async fn run(mut engine: Engine, mut rx: mpsc::Receiver<ShardMsg>, mut ctx: 
             gauge!(t::WATERMARK_LAG_SECONDS, "shard" => label.clone())
                 .set(ctx.wall.now().since(w).as_secs_f64());
         }
-        publish(&ctx, &mut out, arrived);
+        if !publish(&ctx, &mut engine, &mut out, waiting).await {
+            break;
+        }
         report(&engine, &label);
     }
     // Drain: answer what is already queued so no accepted batch is left without a reply.
     rx.close();
     while let Some(msg) = rx.recv().await {
-        let arrived = handle(&mut engine, msg, &mut out);
-        publish(&ctx, &mut out, arrived);
+        let waiting = handle(&mut engine, msg, &mut out);
+        if !publish(&ctx, &mut engine, &mut out, waiting).await {
+            break;
+        }
     }
     report(&engine, &label);
 }
 
-fn handle(engine: &mut Engine, msg: ShardMsg, out: &mut Vec<Event>) -> Option<Instant> {
+fn handle(engine: &mut Engine, msg: ShardMsg, out: &mut Vec<Event>) -> Option<Waiting> {
     match msg {
         ShardMsg::Fixes {
             fixes,
             arrived,
             reply,
+            request,
         } => {
+            let max_ts = fixes.iter().map(|s| s.fix.ts).max();
             let outcomes = fixes
                 .into_iter()
                 .map(|s| (s.index, engine.ingest(&s.fix, s.w, out)))
                 .collect();
-            let _ = reply.send(outcomes);
-            Some(arrived)
+            Some(Waiting {
+                reply,
+                outcomes,
+                arrived,
+                request,
+                max_ts,
+            })
         }
         ShardMsg::UpsertFence(f) => {
             engine.upsert_fence(f, out);
@@ -220,17 +257,42 @@ fn handle(engine: &mut Engine, msg: ShardMsg, out: &mut Vec<Event>) -> Option<In
     }
 }
 
-fn publish(ctx: &ShardCtx, out: &mut Vec<Event>, arrived: Option<Instant>) {
-    if out.is_empty() {
-        return;
+/// Hands the step's events, changed device state and waiting reply to the publisher, which
+/// answers once they are durable. Returns false when the publisher is gone.
+async fn publish(
+    ctx: &ShardCtx,
+    engine: &mut Engine,
+    out: &mut Vec<Event>,
+    waiting: Option<Waiting>,
+) -> bool {
+    let devices = if ctx.persist {
+        engine.take_dirty()
+    } else {
+        Vec::new()
+    };
+    if out.is_empty() && devices.is_empty() && waiting.is_none() {
+        return true;
     }
-    for e in out.iter() {
-        counter!(t::EVENTS_EMITTED, "type" => e.kind.as_str()).increment(1);
-    }
-    ctx.log.append(std::mem::take(out), ctx.wall.now());
-    if let Some(a) = arrived {
-        histogram!(t::INGEST_TO_EVENT_SECONDS).record(a.elapsed().as_secs_f64());
-    }
+    let (reply, arrived, request, max_ts) = match waiting {
+        Some(w) => (
+            Some((w.reply, w.outcomes)),
+            Some(w.arrived),
+            Some(w.request),
+            w.max_ts,
+        ),
+        None => (None, None, None, None),
+    };
+    let step = Step {
+        events: std::mem::take(out),
+        devices,
+        watermark: engine.watermark(),
+        reply,
+        arrived,
+        request,
+        max_ts,
+        ..Step::default()
+    };
+    ctx.publisher.send(step).await.is_ok()
 }
 
 fn report(engine: &Engine, label: &str) {

@@ -18,6 +18,7 @@ use crate::config::Config;
 use crate::core::fences::{Fence, FenceLimits};
 use crate::core::time::Ts;
 use crate::events::EventLog;
+use crate::events::publisher::Publisher;
 use crate::shard::{ShardMsg, WallClock};
 
 /// Shared state.
@@ -27,8 +28,10 @@ pub struct AppState {
     pub cfg: Config,
     /// One sender per shard.
     pub shards: Vec<mpsc::Sender<ShardMsg>>,
-    /// The event log.
+    /// The event log (read side; only the publisher appends).
     pub log: Arc<EventLog>,
+    /// Commits and publishes steps (fence writes go through it too).
+    pub publisher: Publisher,
     /// API read copy of the fences, by id.
     pub fences: RwLock<BTreeMap<String, Arc<Fence>>>,
     /// Serializes fence writes (and their broadcast to shards).
@@ -38,7 +41,7 @@ pub struct AppState {
     /// Wall clock.
     pub wall: WallClock,
     /// event mode: max ts seen (ms), `i64::MIN` before any.
-    pub max_seen: AtomicI64,
+    pub max_seen: Arc<AtomicI64>,
     /// event mode: the watermark published to shards.
     pub event_w: watch::Sender<Option<Ts>>,
     /// Prometheus renderer.

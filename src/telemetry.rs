@@ -135,9 +135,16 @@ fn describe() {
     );
     describe_gauge!(EVENT_LOG_EVENTS, "Events held in the event log.");
     describe_gauge!(FENCES, "Fences loaded.");
-    describe_histogram!(STORE_COMMIT_SECONDS, Unit::Seconds, "State store commit duration.");
+    describe_histogram!(
+        STORE_COMMIT_SECONDS,
+        Unit::Seconds,
+        "State store commit duration."
+    );
     describe_counter!(STORE_COMMITS, "State store commits.");
-    describe_counter!(STORE_COMMIT_FAILURES, "Failed state store commits (data kept, retried).");
+    describe_counter!(
+        STORE_COMMIT_FAILURES,
+        "Failed state store commits (data kept, retried)."
+    );
 }
 
 /// Sets up `tracing` to stderr, filtered by `GEODWELL_LOG` (default `info`).

@@ -9,6 +9,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_geodwell");
 
 #[test]
 fn serve_answers_then_exits_zero_on_sigterm() {
+    let data = std::env::temp_dir().join(format!("geodwell-cli-data-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data);
     let mut child = Command::new(BIN)
         .args([
             "serve",
@@ -21,6 +23,8 @@ fn serve_answers_then_exits_zero_on_sigterm() {
             "--shards",
             "2",
         ])
+        .arg("--data-dir")
+        .arg(&data)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .env("GEODWELL_LOG", "info")
         .stderr(Stdio::piped())

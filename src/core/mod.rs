@@ -10,7 +10,7 @@
 //! - [`event`]: events and their deterministic ids.
 //! - [`pairs`]: the device-fence pair record and its state machine.
 //! - [`engine`]: reorder buffer, fix application, watermark advance.
-//! - [`reference`]: a naive recompute of the semantics, the oracle of the model tests.
+//! - [`mod@reference`]: a naive recompute of the semantics, the oracle of the model tests.
 
 pub mod engine;
 pub mod event;

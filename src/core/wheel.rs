@@ -9,10 +9,7 @@
 //! # Cancel is a tombstone
 //! Cancelling is the owner bumping its record's generation; the wheel is only told through
 //! [`Wheel::cancelled`] (a counter, O(1), no wheel access). The stale entry stays where it is
-//! until its bucket is visited, is then found dead and dropped. Finding it dead is cheap when
-//! the slot has been scheduled again since (its epoch moved on: a read of the wheel's own 1-byte
-//! per slot table); otherwise it takes `is_live`, a read of the owner's record, which at scale
-//! is a cache miss. Every bucket is visited at least
+//! until its bucket is visited, is then found dead and dropped. Every bucket is visited at least
 //! once per turn of its level (and no later than the due tick of the entries it holds), and the
 //! overflow list at every coarse bucket crossing, so a tombstone never outlives one turn of the
 //! level it sits in, nor its own due tick. Tombstones cost 12 bytes each until then, and a check
@@ -24,12 +21,7 @@
 //! - A fine-level entry sits in bucket `due % FINE`, a coarse-level entry in bucket
 //!   `(due / FINE) % COARSE`, where `FINE` and `COARSE` are the bucket counts of the levels.
 //! - Level entries have `due - now < FINE * COARSE <= 2^24`, which is what lets them keep only
-//!   the low 24 bits of `due` (12-byte entries, with the slot's epoch in the other 8 bits).
-//! - One outstanding timer per slot: scheduling a slot again supersedes its earlier entries (the
-//!   owner bumped the record's generation first, as cancelling requires anyway). The wheel counts
-//!   schedules per slot (a wrapping `u8` epoch, for slots below [`EPOCH_SLOTS`]) and drops an
-//!   entry whose slot has been scheduled since, without asking `is_live`; checked against
-//!   `is_live` with `debug_assert!`.
+//!   the low 32 bits of `due` (12-byte entries).
 //! - `len` counts every stored entry (levels, overflow, carry); the caller's `cancelled()` calls
 //!   make `tombstones` the number of dead ones among them.
 //! - A timer is never handed out before its due tick; without a per-call cap it is handed out by
@@ -45,12 +37,8 @@ use crate::core::time::Tick;
 pub const DEFAULT_FINE_BITS: u32 = 12;
 /// Default `log2` of the coarse level's bucket count: 4096 buckets of 4096 ticks (194 days at 1 s).
 pub const DEFAULT_COARSE_BITS: u32 = 12;
-/// Largest accepted `log2` bucket count of a level: the two-word occupancy bitmap covers 4096, and
-/// the two levels together span at most `2^24` ticks, what a level entry's due field holds.
+/// Largest accepted `log2` bucket count of a level: the two-word occupancy bitmap covers 4096.
 pub const MAX_LEVEL_BITS: u32 = 12;
-/// Slots below this get a schedule epoch (1 byte each, in a table grown to the largest such slot
-/// scheduled); entries of higher slots are always checked with `is_live`.
-pub const EPOCH_SLOTS: u32 = 1 << 24;
 
 /// Identifies the record a timer belongs to: the wheel treats it as opaque. A timer is live while
 /// the owner's record still carries the same `gen`; cancel is the owner bumping its generation.
@@ -83,40 +71,24 @@ pub struct WheelStats {
     pub carry: u64,
 }
 
-/// A level entry: 12 bytes. Only the low 24 bits of the due tick are kept; the full value is
+/// A level entry: 12 bytes. Only the low 32 bits of the due tick are kept; the full value is
 /// recovered from the wheel's current tick because level entries are less than 2^24 ticks ahead.
-/// The top 8 bits hold the slot's schedule epoch when the entry was filed.
 #[derive(Clone, Copy)]
 struct Entry {
     slot: u32,
     generation: u32,
-    /// `due & DUE_MASK | epoch << 24`.
     due_lo: u32,
 }
 
-/// The due-tick bits of [`Entry::due_lo`].
-const DUE_MASK: u32 = (1 << 24) - 1;
-
 impl Entry {
-    /// An entry with epoch 0.
-    #[cfg(test)]
-    fn new(key: TimerKey, due: u64) -> Entry {
-        Entry::with_epoch(key, due, 0)
-    }
-
     #[inline]
-    fn with_epoch(key: TimerKey, due: u64, epoch: u8) -> Entry {
+    fn new(key: TimerKey, due: u64) -> Entry {
         Entry {
             slot: key.slot,
             generation: key.generation,
             // Truncation is the point: see `unpack`.
-            due_lo: (due as u32 & DUE_MASK) | u32::from(epoch) << 24,
+            due_lo: due as u32,
         }
-    }
-
-    #[inline]
-    fn epoch(self) -> u8 {
-        (self.due_lo >> 24) as u8
     }
 
     #[inline]
@@ -128,10 +100,10 @@ impl Entry {
     }
 }
 
-/// Recovers a level entry's full due tick from `base`, a tick less than 2^24 ticks before it.
+/// Recovers a level entry's full due tick from `base`, a tick less than 2^32 ticks before it.
 #[inline]
 fn unpack(base: u64, due_lo: u32) -> u64 {
-    base + u64::from(due_lo.wrapping_sub(base as u32) & DUE_MASK)
+    base + u64::from(due_lo.wrapping_sub(base as u32))
 }
 
 /// An overflow entry, beyond the coarse level's span: full-width due tick (16 bytes).
@@ -196,8 +168,6 @@ impl Occupancy {
 /// Entries per storage chunk. Small enough that a sparse wheel (one entry in each of many
 /// buckets) stays small, large enough that the link overhead is negligible.
 const CHUNK: usize = 64;
-// A visit keeps a chunk's liveness in one `u64` bitmask.
-const _: () = assert!(CHUNK <= 64);
 /// "No chunk".
 const NIL: u32 = u32::MAX;
 /// How many chunks ahead of the one being processed a bucket visit prefetches.
@@ -279,18 +249,13 @@ impl Pool {
         }
     }
 
-    /// The chunk `steps` links after `c` along its chain, or [`NIL`].
+    /// The chunk after `c` in its chain ([`NIL`] after the last one, or for `c == NIL`).
     #[inline]
-    fn ahead(&self, mut c: u32, steps: usize) -> u32 {
-        for _ in 0..steps {
-            if c == NIL {
-                break;
-            }
-            c = self.next[c as usize];
-        }
-        c
+    fn after(&self, c: u32) -> u32 {
+        self.next.get(c as usize).copied().unwrap_or(NIL)
     }
 
+    /// Starts loading chunk `c` (nothing for [`NIL`]).
     #[inline]
     fn prefetch(&self, c: u32) {
         if let Some(chunk) = self.chunks.get(c as usize) {
@@ -406,7 +371,7 @@ impl Emit<'_> {
 /// | overflow list | 1 | anything | `[F*C, ∞)` | 16 B |
 /// | carry queue | 1 | due entries not yet handed out | `<= 0` | 16 B |
 ///
-/// Entries keep their absolute due tick (the low 24 bits, recovered from `now`), so a bucket
+/// Entries keep their absolute due tick (the low 32 bits, recovered from `now`), so a bucket
 /// visit fires exactly the entries with `due <= to` and keeps the others: correctness never rests
 /// on a bucket holding a single turn, and no rotation counts are needed. Placement files each
 /// deadline in the finest part whose span covers it, so today a visit fires, promotes or drops
@@ -419,7 +384,9 @@ impl Emit<'_> {
 /// visits each bucket at most once.
 ///
 /// # Storage
-/// Level buckets are chains of 64-entry chunks from one pool shared by both levels. A visit
+/// Level buckets are chains of 64-entry chunks from one pool shared by both levels; the chain
+/// links live apart from the chunks, so that a visit can prefetch the chunks ahead of the one it
+/// works on (they were written one dwell earlier and are cold). A visit
 /// compacts the kept entries in place and returns the emptied chunks to the pool, where the
 /// buckets being filled pick them up: no allocation once the pool has reached the working set,
 /// and memory tracks the stored entries (12 B each, tombstones included, plus at most one partly
@@ -436,9 +403,6 @@ pub struct Wheel {
     /// Lower bound of the overflow list's due ticks (`u64::MAX` when empty).
     far_min: u64,
     carry: VecDeque<Fired>,
-    /// Schedule epoch of each slot below [`EPOCH_SLOTS`] (wrapping): bumped by every schedule of
-    /// the slot, so a level entry whose stored epoch differs has been superseded.
-    epochs: Vec<u8>,
     len: u64,
     tombstones: u64,
 }
@@ -486,7 +450,6 @@ impl Wheel {
             far: Vec::new(),
             far_min: u64::MAX,
             carry: VecDeque::new(),
-            epochs: Vec::new(),
             len: 0,
             tombstones: 0,
         }
@@ -499,53 +462,29 @@ impl Wheel {
 
     /// Schedules `key` at `due`; a due tick `<= now()` fires on the next advance.
     ///
-    /// A slot has at most one outstanding timer: scheduling `key.slot` supersedes every entry
-    /// scheduled for that slot before, which the wheel may then drop without asking `is_live`.
-    /// The owner makes them dead by bumping the record's generation before scheduling again, as
-    /// it does to cancel (checked with `debug_assert!` when such an entry is dropped).
-    ///
-    /// O(1), and allocation-free once the chunk pool has reached its working size (and the
-    /// epoch table the largest slot).
+    /// O(1), and allocation-free once the chunk pool has reached its working size.
     #[inline]
     pub fn schedule(&mut self, key: TimerKey, due: Tick) {
         self.len += 1;
-        let epoch = self.bump_epoch(key.slot);
         if due.0 <= self.now {
             self.carry.push_back(Fired { key, due });
         } else {
-            self.place(key, due.0, self.now, epoch);
+            self.place(key, due.0, self.now);
         }
-    }
-
-    /// Bumps and returns `slot`'s schedule epoch (0 for slots without one).
-    #[inline]
-    fn bump_epoch(&mut self, slot: u32) -> u8 {
-        if slot >= EPOCH_SLOTS {
-            return 0;
-        }
-        let i = slot as usize;
-        if i >= self.epochs.len() {
-            self.epochs.resize(i + 1, 0);
-        }
-        let e = &mut self.epochs[i];
-        *e = e.wrapping_add(1);
-        *e
     }
 
     /// Files a not-yet-due entry relative to `now` (which may run ahead of `self.now` while an
     /// `advance` is in progress; the caller makes sure such buckets are not visited again in it).
     #[inline]
-    fn place(&mut self, key: TimerKey, due: u64, now: u64, epoch: u8) {
+    fn place(&mut self, key: TimerKey, due: u64, now: u64) {
         debug_assert!(due > now);
         let delta = due - now;
         if delta <= self.levels[FINE].mask {
             let idx = (due & self.levels[FINE].mask) as usize;
-            let e = Entry::with_epoch(key, due, epoch);
-            self.levels[FINE].push(&mut self.pool, idx, e);
+            self.levels[FINE].push(&mut self.pool, idx, Entry::new(key, due));
         } else if delta < self.span {
             let idx = ((due >> self.fine_bits) & self.levels[COARSE].mask) as usize;
-            let e = Entry::with_epoch(key, due, epoch);
-            self.levels[COARSE].push(&mut self.pool, idx, e);
+            self.levels[COARSE].push(&mut self.pool, idx, Entry::new(key, due));
         } else {
             self.far.push(FarEntry { key, due });
             self.far_min = self.far_min.min(due);
@@ -679,11 +618,8 @@ impl Wheel {
                             false
                         } else if f.due - to < self.span {
                             // Placed relative to `to`: its bucket is past every bucket this
-                            // call has visited. With the slot's current epoch: a later
-                            // schedule of the slot supersedes it, an earlier one is left to
-                            // `is_live` (which just said it is live).
-                            let epoch = self.epochs.get(f.key.slot as usize).copied();
-                            self.place(f.key, f.due, to, epoch.unwrap_or(0));
+                            // call has visited.
+                            self.place(f.key, f.due, to);
                             false
                         } else {
                             far_min = far_min.min(f.due);
@@ -724,49 +660,27 @@ impl Wheel {
         let mut ahead = read;
         for _ in 0..PREFETCH_CHUNKS {
             self.pool.prefetch(ahead);
-            ahead = self.pool.ahead(ahead, 1);
+            ahead = self.pool.after(ahead);
         }
         while remaining > 0 {
             let n = remaining.min(CHUNK);
             let next = self.pool.next[read as usize];
             self.pool.prefetch(ahead);
-            ahead = self.pool.ahead(ahead, 1);
+            ahead = self.pool.after(ahead);
             let entries = self.pool.chunks[read as usize].entries;
-            // Liveness of the whole chunk first, as bitmasks, in loops without data-dependent
-            // branches so that the CPU overlaps the reads (cache misses at scale, most entries
-            // being tombstones). First the entries whose slot was scheduled again since
-            // (superseded: dead), from the wheel's compact epoch table; then `is_live`, the
-            // owner's record, for the others only.
-            let mut current = 0u64;
-            for (i, e) in entries[..n].iter().enumerate() {
-                let same = self
-                    .epochs
-                    .get(e.slot as usize)
-                    .is_none_or(|&c| c == e.epoch());
-                current |= u64::from(same) << i;
+            // Liveness of the whole chunk first, in a loop without data-dependent branches: the
+            // owner-record reads are cache misses at scale (most entries are tombstones), and
+            // this lets the CPU overlap them instead of stalling behind each live/dead branch.
+            let mut live = [false; CHUNK];
+            for (l, e) in live.iter_mut().zip(&entries[..n]) {
+                *l = is_live(e.key());
             }
-            #[cfg(debug_assertions)]
-            for (i, e) in entries[..n].iter().enumerate() {
-                debug_assert!(
-                    (current & (1 << i)) != 0 || !is_live(e.key()),
-                    "{:?} superseded by a later schedule of its slot, but still live",
-                    e.key()
-                );
-            }
-            let mut live = 0u64;
-            let mut rest = current;
-            while rest != 0 {
-                let i = rest.trailing_zeros();
-                rest &= rest - 1;
-                live |= u64::from(is_live(entries[i as usize].key())) << i;
-            }
-            dead += u64::from(n as u32 - live.count_ones());
-            while live != 0 {
-                let e = entries[live.trailing_zeros() as usize];
-                live &= live - 1;
-                if keep(self, e) {
+            for (e, &alive) in entries[..n].iter().zip(&live) {
+                if !alive {
+                    dead += 1;
+                } else if keep(self, *e) {
                     // The write cursor never passes the read cursor, so this slot was read.
-                    self.pool.chunks[write as usize].entries[wi] = e;
+                    self.pool.chunks[write as usize].entries[wi] = *e;
                     last = write;
                     kept += 1;
                     wi += 1;
@@ -858,7 +772,6 @@ impl Wheel {
             + self.pool.next.capacity() * mem::size_of::<u32>()
             + self.pool.free.capacity() * mem::size_of::<u32>()
             + self.far.capacity() * mem::size_of::<FarEntry>()
-            + self.epochs.capacity()
             + self.carry.capacity() * mem::size_of::<Fired>()
     }
 }

@@ -120,9 +120,9 @@ impl EventLog {
     fn trim(&self, g: &mut Inner, now: Option<Ts>) {
         let horizon = now.map(|n| n.minus(self.max_age));
         while g.buf.len() > self.capacity
-            || g.buf.front().is_some_and(|f| {
-                matches!((f.event.emitted_at, horizon), (Some(t), Some(h)) if t < h)
-            })
+            || g.buf.front().is_some_and(
+                |f| matches!((f.event.emitted_at, horizon), (Some(t), Some(h)) if t < h),
+            )
         {
             g.buf.pop_front();
         }

@@ -126,6 +126,14 @@ impl From<crate::ingest::BatchError> for ApiError {
         match e {
             crate::ingest::BatchError::Overloaded => ApiError::overloaded(),
             crate::ingest::BatchError::ShuttingDown => ApiError::shutting_down(),
+            crate::ingest::BatchError::StoreUnavailable(msg) => ApiError {
+                retry_after: Some(1),
+                ..ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "store_unavailable",
+                    format!("the batch was not acknowledged: {msg}"),
+                )
+            },
         }
     }
 }

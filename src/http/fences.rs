@@ -13,11 +13,13 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use crate::core::fences::{Fence, FenceError, FenceErrorKind, FenceErrors, parse_fences};
+use crate::events::publisher::{PublishError, Step};
 use crate::http::error::ApiError;
 use crate::http::fixes::body_or_error;
 use crate::shard::ShardMsg;
 use crate::state::AppState;
 use crate::telemetry as t;
+use tokio::sync::oneshot;
 
 fn invalid(errs: FenceErrors) -> ApiError {
     let details: Vec<Value> = errs
@@ -42,6 +44,24 @@ fn parse_geojson(text: &str) -> Result<geojson::GeoJson, ApiError> {
     })
 }
 
+/// Makes a fence change durable (through the publisher, like every other state change) before
+/// it is applied or acknowledged.
+async fn persist(st: &AppState, mut step: Step) -> Result<(), ApiError> {
+    let (tx, rx) = oneshot::channel();
+    step.ack = Some(tx);
+    st.publisher
+        .send(step)
+        .await
+        .map_err(|_| ApiError::shutting_down())?;
+    match rx.await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(PublishError::Store(msg))) => {
+            Err(crate::ingest::BatchError::StoreUnavailable(msg).into())
+        }
+        Ok(Err(PublishError::Closed)) | Err(_) => Err(ApiError::shutting_down()),
+    }
+}
+
 /// Installs fences everywhere (API copy + every shard, in one serialized order). Returns how many
 /// were new.
 pub async fn install(st: &AppState, fences: Vec<Fence>) -> Result<usize, ApiError> {
@@ -61,6 +81,20 @@ pub async fn install(st: &AppState, fences: Vec<Fence>) -> Result<usize, ApiErro
         }
         new
     };
+    persist(
+        st,
+        Step {
+            fences_put: fences
+                .iter()
+                .map(|f| {
+                    let text = serde_json::to_string(&f.to_feature()).unwrap_or_default();
+                    (f.id.to_string(), text)
+                })
+                .collect(),
+            ..Step::default()
+        },
+    )
+    .await?;
     for f in fences {
         let f = Arc::new(f);
         st.fences
@@ -175,6 +209,21 @@ pub async fn delete_fence(
 ) -> Result<Response, ApiError> {
     let Path(id) = path?;
     let _guard = st.fence_write.lock().await;
+    let exists = st
+        .fences
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains_key(&id);
+    if exists {
+        persist(
+            &st,
+            Step {
+                fences_del: vec![id.clone()],
+                ..Step::default()
+            },
+        )
+        .await?;
+    }
     let removed = st
         .fences
         .write()

@@ -151,6 +151,13 @@ async fn run(st: Arc<AppState>, mut socket: WebSocket) {
                 let _ = socket.send(close(close_code::AGAIN, "overloaded")).await;
                 return;
             }
+            Err(BatchError::StoreUnavailable(msg)) => {
+                let _ = socket.send(error_frame("store_unavailable", &msg)).await;
+                let _ = socket
+                    .send(close(close_code::AGAIN, "state store unavailable"))
+                    .await;
+                return;
+            }
             Err(BatchError::ShuttingDown) => {
                 let _ = socket
                     .send(close(close_code::AWAY, "server shutting down"))

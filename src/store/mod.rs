@@ -1,1 +1,650 @@
-//! Durable state on redb (being built).
+//! Durable state on redb (DESIGN section 7, issue 4): one file, `geodwell.redb`, in the data
+//! directory holds the fences, every device's state (pair records with their visit state,
+//! reorder buffer, last applied fix), the watermark, the event log and delivery cursors.
+//!
+//! - [`Store`]: open (create or verify), [`Store::load`] everything for a warm start, and
+//!   [`Store::commit`] one [`Batch`] in one write transaction.
+//! - [`Committer`]: the group committer that turns many concurrent [`Batch`]es into few fsyncs.
+//! - [`check`]: offline verification for `geodwell store check`.
+//!
+//! Invariants:
+//! - The file holds `meta.schema_version == SCHEMA_VERSION`, written in the same transaction
+//!   that creates the tables. A file with another version, without one, or that redb cannot read
+//!   is refused with a [`StoreError`]: the store is never silently reset or migrated.
+//! - Every commit is one redb write transaction: after a crash the store holds exactly the
+//!   batches whose commit returned (with [`Durability::Sync`]), each entirely or not at all.
+//! - A failed commit changes nothing; the store reopens its redb handle on the next commit if
+//!   redb refuses further writes after an I/O error.
+//! - `events` keys are `seq`s; the stored range is contiguous as long as callers append
+//!   contiguous `seq`s and trim only from the front ([`check`] verifies it).
+//!
+//! See `docs/store.md` for the encodings, durability modes and failure behaviour.
+
+mod batch;
+mod check;
+mod codec;
+mod committer;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use redb::{
+    Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle,
+};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::core::engine::DeviceState;
+
+pub use batch::Batch;
+pub use check::{CheckReport, check};
+pub use committer::{Committer, CommitterConfig, CommitterHandle, DEFAULT_QUEUE_CAPACITY};
+
+/// The layout version this build reads and writes. Bump it on any change to the tables or to an
+/// encoding (see `codec.rs`); a store of another version is refused, never reinterpreted.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// The file name of the store inside the data directory.
+pub const FILE_NAME: &str = "geodwell.redb";
+
+pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+pub(crate) const FENCES: TableDefinition<&str, &str> = TableDefinition::new("fences");
+pub(crate) const DEVICES: TableDefinition<&str, &[u8]> = TableDefinition::new("devices");
+pub(crate) const EVENTS: TableDefinition<u64, &str> = TableDefinition::new("events");
+pub(crate) const CURSORS: TableDefinition<&str, u64> = TableDefinition::new("cursors");
+
+pub(crate) const K_SCHEMA: &str = "schema_version";
+pub(crate) const K_WATERMARK: &str = "watermark";
+pub(crate) const K_MAX_SEEN: &str = "max_seen";
+pub(crate) const K_NEXT_SEQ: &str = "next_seq";
+
+/// Whether a commit waits for the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    /// fsync'd before the commit returns (redb `Durability::Immediate`).
+    #[default]
+    Sync,
+    /// Not fsync'd (redb `Durability::None`): visible at once, but lost on a crash or power
+    /// loss unless a later [`Durability::Sync`] commit (or a clean close) persists it.
+    Async,
+}
+
+impl fmt::Display for Durability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Durability::Sync => "sync",
+            Durability::Async => "async",
+        })
+    }
+}
+
+impl FromStr for Durability {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "sync" => Ok(Durability::Sync),
+            "async" => Ok(Durability::Async),
+            _ => Err(format!(
+                "durability must be \"sync\" or \"async\", got {s:?}"
+            )),
+        }
+    }
+}
+
+/// Why the store could not be opened, read or written.
+#[derive(Debug, Error)]
+pub enum StoreError {
+    /// The data directory could not be created or is not a directory.
+    #[error("data dir {dir}: cannot create or use it: {source}")]
+    DataDir {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// No store file where one was expected ([`check`]).
+    #[error("store {path} does not exist")]
+    Missing {
+        /// The file.
+        path: PathBuf,
+    },
+    /// Another process (or another handle in this one) has the store open.
+    #[error(
+        "store {path} is in use by another process (is geodwell already running on this data dir?)"
+    )]
+    Locked {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file is not a readable redb database, or redb found it damaged.
+    #[error(
+        "store {path} is corrupt or not a geodwell store ({detail}); it was left untouched: \
+         restore it from a backup or move it away to start empty"
+    )]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong.
+        detail: String,
+    },
+    /// The store was written with another schema version.
+    #[error(
+        "store {path} has schema version {found}, this build reads version {expected}; \
+         use a matching geodwell build (the store is never converted or reset automatically)"
+    )]
+    SchemaMismatch {
+        /// The file.
+        path: PathBuf,
+        /// Version in the file.
+        found: u32,
+        /// Version this build reads.
+        expected: u32,
+    },
+    /// A record did not decode.
+    #[error("store {path}: table {table}, key {key}: record does not decode: {detail}")]
+    Decode {
+        /// The file.
+        path: PathBuf,
+        /// The table.
+        table: &'static str,
+        /// The record's key.
+        key: String,
+        /// Why.
+        detail: String,
+    },
+    /// redb failed (I/O errors such as a full disk or a read-only file land here).
+    #[error("store {path}: {op} failed: {source}")]
+    Db {
+        /// The file.
+        path: PathBuf,
+        /// What was being done.
+        op: &'static str,
+        /// The redb error.
+        source: Box<redb::Error>,
+    },
+    /// A failure injected with [`Store::fail_next_commits`] (tests only).
+    #[error("store {path}: injected commit failure")]
+    Injected {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A commit panicked; nothing of it was committed.
+    #[error("store commit panicked: {0}")]
+    Panicked(String),
+    /// The committer task has stopped.
+    #[error("the store committer has stopped")]
+    CommitterClosed,
+    /// A commit error shared by every submitter of the failed group commit.
+    #[error(transparent)]
+    Shared(Arc<StoreError>),
+}
+
+impl StoreError {
+    /// The underlying error, looking through [`StoreError::Shared`].
+    pub fn root(&self) -> &StoreError {
+        match self {
+            StoreError::Shared(e) => e.root(),
+            e => e,
+        }
+    }
+
+    /// Whether this is an out-of-space I/O error.
+    pub fn is_disk_full(&self) -> bool {
+        match self.root() {
+            StoreError::Db { source, .. } => {
+                matches!(&**source, redb::Error::Io(e) if e.kind() == std::io::ErrorKind::StorageFull)
+            }
+            StoreError::DataDir { source, .. } => source.kind() == std::io::ErrorKind::StorageFull,
+            _ => false,
+        }
+    }
+}
+
+/// Maps a redb error on `path` to a [`StoreError`], singling out the lock and corruption cases.
+pub(crate) fn db_err(path: &Path, op: &'static str, e: impl Into<redb::Error>) -> StoreError {
+    let e: redb::Error = e.into();
+    match e {
+        redb::Error::DatabaseAlreadyOpen => StoreError::Locked {
+            path: path.to_path_buf(),
+        },
+        redb::Error::Corrupted(detail) => StoreError::Corrupt {
+            path: path.to_path_buf(),
+            detail,
+        },
+        redb::Error::Io(io) if io.kind() == std::io::ErrorKind::InvalidData => {
+            StoreError::Corrupt {
+                path: path.to_path_buf(),
+                detail: io.to_string(),
+            }
+        }
+        redb::Error::UpgradeRequired(v) => StoreError::Corrupt {
+            path: path.to_path_buf(),
+            detail: format!("redb file format {v} is not readable by this redb version"),
+        },
+        redb::Error::TableTypeMismatch { .. } | redb::Error::TableIsMultimap(_) => {
+            StoreError::Corrupt {
+                path: path.to_path_buf(),
+                detail: e.to_string(),
+            }
+        }
+        e => StoreError::Db {
+            path: path.to_path_buf(),
+            op,
+            source: Box::new(e),
+        },
+    }
+}
+
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_string())
+}
+
+/// Runs a redb open, turning a panic (redb may panic on a file damaged outside redb) into
+/// [`StoreError::Corrupt`].
+pub(crate) fn guarded_open<T>(
+    path: &Path,
+    f: impl FnOnce() -> Result<T, redb::DatabaseError>,
+) -> Result<T, StoreError> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r.map_err(|e| db_err(path, "open", e)),
+        Err(p) => Err(StoreError::Corrupt {
+            path: path.to_path_buf(),
+            detail: format!("redb panicked while opening it: {}", panic_text(&*p)),
+        }),
+    }
+}
+
+/// Everything a warm start needs, read in one read transaction.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    /// Every fence as GeoJSON Feature text, in id order.
+    pub fences: Vec<String>,
+    /// Every device's state, in id order.
+    pub devices: Vec<DeviceState>,
+    /// The stored watermark, Unix ms.
+    pub watermark: Option<i64>,
+    /// The stored highest fix time seen (event clock mode), Unix ms.
+    pub max_seen: Option<i64>,
+    /// The `seq` the next event gets (1 for a new store).
+    pub next_seq: u64,
+    /// The last `events_tail` stored events, ascending by `seq`: (seq, event JSON).
+    pub events: Vec<(u64, String)>,
+    /// Delivery cursors: (sink name, next seq to deliver), by name.
+    pub cursors: Vec<(String, u64)>,
+}
+
+/// Counters of a store handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StoreStats {
+    /// Successful commits.
+    pub commits: u64,
+    /// Failed commits.
+    pub failed_commits: u64,
+    /// Times the redb handle was reopened after a failure.
+    pub reopens: u64,
+}
+
+/// An open store. Thread-safe: share it in an `Arc`. Commits are serialized; loads run
+/// concurrently with them on a consistent snapshot.
+pub struct Store {
+    path: PathBuf,
+    /// `None` after a failed reopen; [`Store::commit`] tries again.
+    db: Mutex<Option<Database>>,
+    commits: AtomicU64,
+    failed_commits: AtomicU64,
+    reopens: AtomicU64,
+    fail_next: AtomicU32,
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store")
+            .field("path", &self.path)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+fn open_db(path: &Path) -> Result<Database, StoreError> {
+    guarded_open(path, || Database::builder().create(path))
+}
+
+impl Store {
+    /// Opens the store in `dir`, creating the directory and an empty store if missing. Fails
+    /// with a clear error on a store of another schema version, a damaged or foreign file, a
+    /// directory that cannot be created, read or written, a full disk, or a store another
+    /// process has open. Never resets existing data.
+    pub fn open(dir: &Path) -> Result<Store, StoreError> {
+        std::fs::create_dir_all(dir).map_err(|source| StoreError::DataDir {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
+        let path = dir.join(FILE_NAME);
+        let db = open_db(&path)?;
+        init_or_verify(&db, &path)?;
+        Ok(Store {
+            path,
+            db: Mutex::new(Some(db)),
+            commits: AtomicU64::new(0),
+            failed_commits: AtomicU64::new(0),
+            reopens: AtomicU64::new(0),
+            fail_next: AtomicU32::new(0),
+        })
+    }
+
+    /// The store file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Commit counters.
+    pub fn stats(&self) -> StoreStats {
+        StoreStats {
+            commits: self.commits.load(Ordering::Relaxed),
+            failed_commits: self.failed_commits.load(Ordering::Relaxed),
+            reopens: self.reopens.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Makes the next `n` commits fail with [`StoreError::Injected`] before touching the file.
+    /// For tests of failure handling (here and in the service's integration tests).
+    #[doc(hidden)]
+    pub fn fail_next_commits(&self, n: u32) {
+        self.fail_next.store(n, Ordering::SeqCst);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Database>> {
+        // A panic while holding the lock leaves at worst an aborted transaction behind.
+        self.db.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Reads everything a warm start needs in one read transaction: fences, devices, the
+    /// watermark and `max_seen`, `next_seq`, the last `events_tail` events and the cursors.
+    pub fn load(&self, events_tail: usize) -> Result<Snapshot, StoreError> {
+        let path = &self.path;
+        let txn = {
+            let g = self.lock();
+            let db = g.as_ref().ok_or_else(|| StoreError::Db {
+                path: path.clone(),
+                op: "load",
+                source: Box::new(redb::Error::DatabaseClosed),
+            })?;
+            db.begin_read().map_err(|e| db_err(path, "begin read", e))?
+        };
+        let err = |e: redb::Error| db_err(path, "load", e);
+        let meta = read_meta(&txn, path)?;
+        let mut snap = Snapshot {
+            watermark: meta.watermark,
+            max_seen: meta.max_seen,
+            next_seq: meta.next_seq,
+            ..Snapshot::default()
+        };
+        {
+            let t = txn.open_table(FENCES).map_err(|e| err(e.into()))?;
+            snap.fences
+                .reserve(t.len().map_err(|e| err(e.into()))? as usize);
+            for r in t.iter().map_err(|e| err(e.into()))? {
+                let (_, v) = r.map_err(|e| err(e.into()))?;
+                snap.fences.push(v.value().to_string());
+            }
+        }
+        {
+            let t = txn.open_table(DEVICES).map_err(|e| err(e.into()))?;
+            snap.devices
+                .reserve(t.len().map_err(|e| err(e.into()))? as usize);
+            for r in t.iter().map_err(|e| err(e.into()))? {
+                let (k, v) = r.map_err(|e| err(e.into()))?;
+                let id = k.value();
+                let d = codec::decode_device(id, v.value()).map_err(|e| StoreError::Decode {
+                    path: path.clone(),
+                    table: DEVICES.name(),
+                    key: id.to_string(),
+                    detail: e.0,
+                })?;
+                snap.devices.push(d);
+            }
+        }
+        if events_tail > 0 {
+            let t = txn.open_table(EVENTS).map_err(|e| err(e.into()))?;
+            for r in t.iter().map_err(|e| err(e.into()))?.rev().take(events_tail) {
+                let (k, v) = r.map_err(|e| err(e.into()))?;
+                snap.events.push((k.value(), v.value().to_string()));
+            }
+            snap.events.reverse();
+        }
+        {
+            let t = txn.open_table(CURSORS).map_err(|e| err(e.into()))?;
+            for r in t.iter().map_err(|e| err(e.into()))? {
+                let (k, v) = r.map_err(|e| err(e.into()))?;
+                snap.cursors.push((k.value().to_string(), v.value()));
+            }
+        }
+        Ok(snap)
+    }
+
+    /// Commits `batch` in one write transaction (deletes, then puts; events, then the trim; see
+    /// [`Batch`]). With [`Durability::Sync`] the batch is on disk when this returns. On error
+    /// nothing of the batch is stored and the caller still owns it, to retry.
+    pub fn commit(&self, batch: &Batch, durability: Durability) -> Result<(), StoreError> {
+        let r = self.commit_inner(batch, durability);
+        match &r {
+            Ok(()) => self.commits.fetch_add(1, Ordering::Relaxed),
+            Err(_) => self.failed_commits.fetch_add(1, Ordering::Relaxed),
+        };
+        r
+    }
+
+    fn commit_inner(&self, batch: &Batch, durability: Durability) -> Result<(), StoreError> {
+        let path = &self.path;
+        if self
+            .fail_next
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(StoreError::Injected { path: path.clone() });
+        }
+        let mut g = self.lock();
+        let txn = match g.as_ref().map(|db| db.begin_write()) {
+            Some(Ok(txn)) => txn,
+            Some(Err(e)) if !needs_reopen(&e) => return Err(db_err(path, "begin write", e)),
+            _ => {
+                // After an I/O error during a commit redb refuses further writes until the
+                // database is closed and reopened (which repairs it).
+                if let Some(db) = g.take()
+                    && let Err(e) = db.close()
+                {
+                    tracing::warn!(path = %path.display(), error = %e, "closing the store after a failed commit");
+                }
+                self.reopens.fetch_add(1, Ordering::Relaxed);
+                let db = open_db(path)?;
+                init_or_verify(&db, path)?;
+                let txn = db
+                    .begin_write()
+                    .map_err(|e| db_err(path, "begin write", e))?;
+                *g = Some(db);
+                txn
+            }
+        };
+        let mut txn = txn;
+        let err = |op: &'static str| move |e: redb::Error| db_err(path, op, e);
+        txn.set_durability(match durability {
+            Durability::Sync => redb::Durability::Immediate,
+            Durability::Async => redb::Durability::None,
+        })
+        .map_err(|e| err("set durability")(e.into()))?;
+        write_batch(&txn, batch).map_err(err("write"))?;
+        txn.commit().map_err(|e| err("commit")(e.into()))?;
+        Ok(())
+    }
+}
+
+fn needs_reopen(e: &redb::TransactionError) -> bool {
+    matches!(
+        e,
+        redb::TransactionError::Storage(
+            redb::StorageError::PreviousIo | redb::StorageError::DatabaseClosed
+        )
+    )
+}
+
+fn write_batch(txn: &redb::WriteTransaction, b: &Batch) -> Result<(), redb::Error> {
+    if !b.devices_put.is_empty() || !b.devices_del.is_empty() {
+        let mut t = txn.open_table(DEVICES)?;
+        for id in &b.devices_del {
+            t.remove(id.as_str())?;
+        }
+        let mut buf = Vec::with_capacity(256);
+        for d in &b.devices_put {
+            buf.clear();
+            codec::encode_device(d, &mut buf);
+            t.insert(d.id.as_str(), buf.as_slice())?;
+        }
+    }
+    if !b.fences_put.is_empty() || !b.fences_del.is_empty() {
+        let mut t = txn.open_table(FENCES)?;
+        for id in &b.fences_del {
+            t.remove(id.as_str())?;
+        }
+        for (id, f) in &b.fences_put {
+            t.insert(id.as_str(), f.as_str())?;
+        }
+    }
+    if !b.events.is_empty() || b.trim_events_below.is_some() {
+        let mut t = txn.open_table(EVENTS)?;
+        for (seq, json) in &b.events {
+            t.insert(*seq, &**json)?;
+        }
+        if let Some(below) = b.trim_events_below {
+            t.retain_in(..below, |_, _| false)?;
+        }
+    }
+    if b.watermark.is_some() || b.max_seen.is_some() || b.next_seq.is_some() {
+        let mut t = txn.open_table(META)?;
+        if let Some(w) = b.watermark {
+            t.insert(K_WATERMARK, w.to_le_bytes().as_slice())?;
+        }
+        if let Some(m) = b.max_seen {
+            t.insert(K_MAX_SEEN, m.to_le_bytes().as_slice())?;
+        }
+        if let Some(n) = b.next_seq {
+            t.insert(K_NEXT_SEQ, n.to_le_bytes().as_slice())?;
+        }
+    }
+    if !b.cursors.is_empty() {
+        let mut t = txn.open_table(CURSORS)?;
+        for (name, at) in &b.cursors {
+            t.insert(name.as_str(), *at)?;
+        }
+    }
+    Ok(())
+}
+
+/// The decoded `meta` table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Meta {
+    pub(crate) schema_version: u32,
+    pub(crate) watermark: Option<i64>,
+    pub(crate) max_seen: Option<i64>,
+    pub(crate) next_seq: u64,
+}
+
+/// Reads and verifies `meta` (schema version included).
+pub(crate) fn read_meta(txn: &redb::ReadTransaction, path: &Path) -> Result<Meta, StoreError> {
+    let t = txn.open_table(META).map_err(|e| match e {
+        redb::TableError::TableDoesNotExist(_) => StoreError::Corrupt {
+            path: path.to_path_buf(),
+            detail: "no meta table: not a geodwell store".into(),
+        },
+        e => db_err(path, "read meta", e),
+    })?;
+    let get = |k: &'static str| -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(t.get(k)
+            .map_err(|e| db_err(path, "read meta", e))?
+            .map(|v| v.value().to_vec()))
+    };
+    let bad = |k: &'static str, e: codec::DecodeError| StoreError::Decode {
+        path: path.to_path_buf(),
+        table: META.name(),
+        key: k.to_string(),
+        detail: e.0,
+    };
+    let Some(v) = get(K_SCHEMA)? else {
+        return Err(StoreError::Corrupt {
+            path: path.to_path_buf(),
+            detail: "meta table has no schema_version: not a geodwell store".into(),
+        });
+    };
+    let schema_version =
+        u32::from_le_bytes(codec::meta_array(K_SCHEMA, &v).map_err(|e| bad(K_SCHEMA, e))?);
+    if schema_version != SCHEMA_VERSION {
+        return Err(StoreError::SchemaMismatch {
+            path: path.to_path_buf(),
+            found: schema_version,
+            expected: SCHEMA_VERSION,
+        });
+    }
+    let i64_of = |k: &'static str| -> Result<Option<i64>, StoreError> {
+        get(k)?
+            .map(|v| {
+                codec::meta_array(k, &v)
+                    .map(i64::from_le_bytes)
+                    .map_err(|e| bad(k, e))
+            })
+            .transpose()
+    };
+    let next_seq = get(K_NEXT_SEQ)?
+        .map(|v| {
+            codec::meta_array(K_NEXT_SEQ, &v)
+                .map(u64::from_le_bytes)
+                .map_err(|e| bad(K_NEXT_SEQ, e))
+        })
+        .transpose()?
+        .unwrap_or(1);
+    Ok(Meta {
+        schema_version,
+        watermark: i64_of(K_WATERMARK)?,
+        max_seen: i64_of(K_MAX_SEEN)?,
+        next_seq,
+    })
+}
+
+/// Initializes an empty file (no table at all) or verifies an existing store.
+fn init_or_verify(db: &Database, path: &Path) -> Result<(), StoreError> {
+    let txn = db.begin_read().map_err(|e| db_err(path, "begin read", e))?;
+    let empty = txn
+        .list_tables()
+        .map_err(|e| db_err(path, "list tables", e))?
+        .next()
+        .is_none();
+    if !empty {
+        read_meta(&txn, path)?;
+        return Ok(());
+    }
+    drop(txn);
+    let txn = db
+        .begin_write()
+        .map_err(|e| db_err(path, "begin write", e))?;
+    {
+        let mut m = txn
+            .open_table(META)
+            .map_err(|e| db_err(path, "create tables", e))?;
+        m.insert(K_SCHEMA, SCHEMA_VERSION.to_le_bytes().as_slice())
+            .map_err(|e| db_err(path, "create tables", e))?;
+    }
+    let mk = |r: Result<(), redb::TableError>| r.map_err(|e| db_err(path, "create tables", e));
+    mk(txn.open_table(FENCES).map(drop))?;
+    mk(txn.open_table(DEVICES).map(drop))?;
+    mk(txn.open_table(EVENTS).map(drop))?;
+    mk(txn.open_table(CURSORS).map(drop))?;
+    txn.commit().map_err(|e| db_err(path, "create tables", e))?;
+    Ok(())
+}

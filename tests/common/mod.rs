@@ -29,7 +29,24 @@ pub fn config(extra: &str) -> Config {
     text.push_str(extra);
     // Later duplicate sections would be a TOML error, so callers pass whole sections only for
     // sections not above ([time], [ingest], [events]).
-    Config::load(Some(("test", &text)), &BTreeMap::new(), 2).expect("test config is valid")
+    let mut cfg =
+        Config::load(Some(("test", &text)), &BTreeMap::new(), 2).expect("test config is valid");
+    // Each server gets its own store (the default durability, `sync`, is what tests exercise).
+    cfg.data_dir = temp_data_dir();
+    cfg
+}
+
+/// A fresh, unique directory under the system temp dir.
+pub fn temp_data_dir() -> std::path::PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let d = std::env::temp_dir().join(format!("geodwell-test-{}-{n}-{nanos}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
 }
 
 pub async fn start(extra: &str) -> Srv {

@@ -188,6 +188,10 @@ const OFFS_MASK: u32 = (1 << STATE_SHIFT) - 1;
 /// q differ exactly by the walked edges' crossings of p, and q's plain parity is its true state,
 /// which is `state(t)`. A point on the boundary is on an edge filed in its own cell, which is
 /// tested in full, so boundary points are found as in the plain scan.
+///
+/// Each cell entry carries the edge's latitude range rounded outward to `f32` ([`EdgeRef`]); the
+/// walk skips entries whose range misses the fix's latitude before reading coordinates. Such an
+/// edge is a `Miss` for the fix whatever the rest of the test says, so the answer is unchanged.
 #[derive(Clone)]
 struct Grid {
     x0: f64,
@@ -200,7 +204,29 @@ struct Grid {
     /// `edges[offs[k]..offs[k + 1]]` (low 30 bits) are cell `k = r * nx + c`'s edges (start
     /// indices in `pts`); the top 2 bits of `offs[k]` are the cell's state.
     offs: Vec<u32>,
-    edges: Vec<u32>,
+    edges: Vec<EdgeRef>,
+}
+
+/// One edge as filed in a grid cell: its start index and its exact latitude range rounded
+/// outward to `f32`, so the walk skips an edge that cannot straddle or touch the fix's latitude
+/// without reading its coordinates (`edge_hit` would return `Miss` for it).
+#[derive(Clone, Copy, Debug)]
+struct EdgeRef {
+    j: u32,
+    ylo: f32,
+    yhi: f32,
+}
+
+/// Largest `f32` not above `x`.
+pub(crate) fn f32_down(x: f64) -> f32 {
+    let r = x as f32;
+    if f64::from(r) > x { r.next_down() } else { r }
+}
+
+/// Smallest `f32` not below `x`.
+pub(crate) fn f32_up(x: f64) -> f32 {
+    let r = x as f32;
+    if f64::from(r) < x { r.next_up() } else { r }
 }
 
 impl Grid {
@@ -229,7 +255,7 @@ impl Grid {
     /// Cell `k`'s state and edges: one lookup in `offs`, whose top bits hold the state so the
     /// walk touches one array per cell.
     #[inline(always)]
-    fn cell(&self, k: usize) -> (u32, &[u32]) {
+    fn cell(&self, k: usize) -> (u32, &[EdgeRef]) {
         let (a, b) = (self.offs[k], self.offs[k + 1]);
         (
             a >> STATE_SHIFT,
@@ -371,10 +397,9 @@ impl PolyPart {
 
     /// Approximate heap bytes held (coordinates, ring offsets, edge grid).
     pub(crate) fn heap_bytes(&self) -> usize {
-        let grid = self
-            .grid
-            .as_ref()
-            .map_or(0, |g| (g.offs.capacity() + g.edges.capacity()) * 4);
+        let grid = self.grid.as_ref().map_or(0, |g| {
+            g.offs.capacity() * 4 + g.edges.capacity() * std::mem::size_of::<EdgeRef>()
+        });
         self.flat.len() * 8 + self.ring_ends.capacity() * 4 + grid
     }
 
@@ -468,13 +493,25 @@ impl PolyPart {
                 acc += n;
             }
             g.offs = counts;
-            g.edges = vec![0; acc as usize];
+            g.edges = vec![
+                EdgeRef {
+                    j: 0,
+                    ylo: 0.0,
+                    yhi: 0.0
+                };
+                acc as usize
+            ];
             let mut fill: Vec<u32> = g.offs[..nx * ny].to_vec();
             for j in self.edge_starts() {
+                let eb = self.edge_box(j);
                 let (c0, r0, c1, r1) = self.edge_cells(&g, j);
                 for r in r0..=r1 {
                     for f in &mut fill[r * nx + c0..=r * nx + c1] {
-                        g.edges[*f as usize] = j as u32;
+                        g.edges[*f as usize] = EdgeRef {
+                            j: j as u32,
+                            ylo: f32_down(eb[1]),
+                            yhi: f32_up(eb[3]),
+                        };
                         *f += 1;
                     }
                 }
@@ -518,8 +555,8 @@ impl PolyPart {
             }
             starts.iter_mut().for_each(|s| *s = false);
             for c in 0..nx {
-                for &j in g.cell(r * nx + c).1 {
-                    let j = j as usize;
+                for e in g.cell(r * nx + c).1 {
+                    let j = e.j as usize;
                     let b = self.edge_box(j);
                     let first = g.col_of(b[0]);
                     // Each edge once: in its first column.
@@ -586,8 +623,12 @@ impl PolyPart {
                 EMPTY_OUT => return inside,
                 _ => {}
             }
-            for &j in edges {
-                let j = j as usize;
+            for e in edges {
+                // Exact skip: outside the edge's latitude range `edge_hit` is a miss.
+                if py < f64::from(e.ylo) || py > f64::from(e.yhi) {
+                    continue;
+                }
+                let j = e.j as usize;
                 // Count each edge in the first walked cell that lists it.
                 if cc != c && g.col_of(pts[j][0].min(pts[j + 1][0])) != cc {
                     continue;
@@ -669,8 +710,8 @@ impl PolyPart {
                 let full = r == rlo || r == rhi;
                 let mut c = clo.max(0);
                 while c <= chi.min(nx - 1) {
-                    for &j in g.cell((r * nx + c) as usize).1 {
-                        best = best.min(d2(j as usize));
+                    for e in g.cell((r * nx + c) as usize).1 {
+                        best = best.min(d2(e.j as usize));
                     }
                     c = if full || c == chi { c + 1 } else { chi };
                 }

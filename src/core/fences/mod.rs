@@ -1,5 +1,5 @@
-//! Fences: the model, its validation from GeoJSON, the exact geometric tests and the R-tree
-//! index that finds candidate fences for a fix.
+//! Fences: the model, its validation from GeoJSON, the exact geometric tests and the index
+//! (R-tree + point grid) that finds candidate fences for a fix.
 //!
 //! Owns everything the engine needs to answer "which fences contain this point, and how far is
 //! it from this one". Pure: no I/O, no clock, no panics on user input.
@@ -13,10 +13,11 @@
 //!   polygon parts with at least [`EDGE_INDEX_THRESHOLD`] edges answer through an edge grid
 //!   that gives exactly the plain test's answer ([`Fence::contains_unindexed`]).
 //! - [`FenceIndex`] maps ids to stable [`FenceIdx`] slots and keeps an R-tree of part
-//!   envelopes, updated incrementally on upsert and remove.
+//!   envelopes, updated incrementally on upsert and remove, plus a flat point grid derived from
+//!   it that answers the point queries.
 //!
 //! Submodules: `parse` (GeoJSON in and out, errors, limits), `edges` (polygon storage, exact
-//! tests, edge grid, distances), `index` (the R-tree index).
+//! tests, edge grid, distances), `index` (the R-tree and point-grid index).
 
 use std::sync::Arc;
 
@@ -113,7 +114,7 @@ pub(crate) enum Shape {
     Circle(Circle),
     /// Polygon (`multi == false`, one part) or MultiPolygon.
     Polygons {
-        /// Shared with the index's R-tree entries, so the hot path reaches a part in one hop.
+        /// Shared with the index's entries, so the hot path reaches a part in one hop.
         parts: Vec<Arc<PolyPart>>,
         multi: bool,
     },

@@ -1,0 +1,310 @@
+//! The publisher: the single writer between the shards and the outside world.
+//!
+//! Every shard step (an ingest batch, a watermark advance, a fence change) ends in one
+//! [`Step`] sent here: the events it produced, the durable state of the devices it changed, and
+//! the HTTP reply waiting for it. The publisher drains everything queued, stamps `seq` on the
+//! events in that order, commits it all in **one** store transaction (group commit: concurrent
+//! requests and shards share one fsync), and only then appends the events to the in-memory log
+//! (subscribers see them) and releases the replies. So:
+//! - a 2xx answer to a batch means its state changes and events are durable (`sync`);
+//! - events produced by ticks (DWELL, vote expiry) are committed before anyone sees them;
+//! - `seq` is gap-free on disk and in memory, because only this task assigns it and a failed
+//!   commit publishes nothing: the failed batch stays pending (with its seqs) and is retried, merged
+//!   with later work, until it commits; its waiters get an error (503) in the meantime.
+//!
+//! Without a store (`durability = "none"`) the same path stamps and publishes at once.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, Instant};
+
+use metrics::{counter, histogram};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::core::engine::DeviceState;
+use crate::core::event::Event;
+use crate::core::time::Ts;
+use crate::events::{EventLog, LoggedEvent};
+use crate::shard::{FixOutcome, WallClock};
+use crate::store::{Batch, Durability, Store};
+use crate::telemetry as t;
+
+/// Why a step's reply is an error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PublishError {
+    /// The store could not commit; the data is kept and retried.
+    #[error("the state store cannot commit: {0}")]
+    Store(String),
+    /// The publisher is gone (shutdown).
+    #[error("the service is shutting down")]
+    Closed,
+}
+
+/// What a waiting HTTP request gets back.
+pub type StepReply = Result<Vec<FixOutcome>, PublishError>;
+
+/// One shard step's output.
+#[derive(Debug, Default)]
+pub struct Step {
+    /// Events produced, in order.
+    pub events: Vec<Event>,
+    /// Devices whose durable state changed.
+    pub devices: Vec<DeviceState>,
+    /// Fences written (id, Feature JSON) or deleted.
+    pub fences_put: Vec<(String, String)>,
+    /// Fence ids deleted.
+    pub fences_del: Vec<String>,
+    /// The shard's watermark after the step.
+    pub watermark: Option<Ts>,
+    /// Who waits for this step to be durable, and what to tell them.
+    pub reply: Option<(oneshot::Sender<StepReply>, Vec<FixOutcome>)>,
+    /// Fence writes wait too.
+    pub ack: Option<oneshot::Sender<Result<(), PublishError>>>,
+    /// When the batch behind this step arrived (ingest-to-event latency).
+    pub arrived: Option<Instant>,
+    /// The request this step is a part of: (request id, number of parts).
+    pub request: Option<(u64, u32)>,
+    /// The largest fix `ts` in this step (the persisted event-mode watermark source).
+    pub max_ts: Option<Ts>,
+}
+
+/// Sends steps to the publisher task.
+#[derive(Debug, Clone)]
+pub struct Publisher {
+    tx: mpsc::Sender<Step>,
+}
+
+impl Publisher {
+    /// Queues a step (waits while the queue is full: backpressure onto the shard).
+    pub async fn send(&self, step: Step) -> Result<(), PublishError> {
+        self.tx.send(step).await.map_err(|_| PublishError::Closed)
+    }
+}
+
+/// The publisher's configuration.
+#[derive(Debug, Clone)]
+pub struct PublisherCfg {
+    /// Store and durability; `None` keeps everything in memory.
+    pub store: Option<(Arc<Store>, Durability)>,
+    /// async durability: the longest time between commits.
+    pub commit_interval: Duration,
+    /// Events the store keeps (older ones are trimmed).
+    pub log_capacity: usize,
+    /// Queue length.
+    pub queue: usize,
+}
+
+/// Starts the publisher task; it ends when every [`Publisher`] is dropped, after a final commit.
+pub fn spawn(
+    cfg: PublisherCfg,
+    log: Arc<EventLog>,
+    wall: WallClock,
+    max_seen: Arc<AtomicI64>,
+) -> (Publisher, tokio::task::JoinHandle<()>) {
+    let (tx, rx) = mpsc::channel(cfg.queue.max(1));
+    let handle = tokio::spawn(run(cfg, rx, log, wall, max_seen));
+    (Publisher { tx }, handle)
+}
+
+#[derive(Default)]
+struct Pending {
+    batch: Batch,
+    events: Vec<Arc<LoggedEvent>>,
+    replies: Vec<(oneshot::Sender<StepReply>, Vec<FixOutcome>)>,
+    acks: Vec<oneshot::Sender<Result<(), PublishError>>>,
+    arrived: Vec<Instant>,
+    watermark: Option<Ts>,
+    /// Largest fix ts among committed and pending steps (never reset: it only grows).
+    max_seen: Option<i64>,
+}
+
+impl Pending {
+    fn is_empty(&self) -> bool {
+        self.events.is_empty()
+            && self.replies.is_empty()
+            && self.acks.is_empty()
+            && self.batch.devices_put.is_empty()
+            && self.batch.fences_put.is_empty()
+            && self.batch.fences_del.is_empty()
+            && self.watermark.is_none()
+    }
+}
+
+async fn run(
+    cfg: PublisherCfg,
+    mut rx: mpsc::Receiver<Step>,
+    log: Arc<EventLog>,
+    wall: WallClock,
+    max_seen: Arc<AtomicI64>,
+) {
+    let mut next_seq = log.next_seq();
+    let restored = max_seen.load(Ordering::Acquire);
+    let mut p = Pending {
+        max_seen: (restored != i64::MIN).then_some(restored),
+        ..Pending::default()
+    };
+    let mut last_commit = Instant::now();
+    let mut failing = false;
+    loop {
+        // Wait for work; while a commit is failing, retry every second even without new work.
+        // In async mode, wake at the commit interval.
+        let wait = if failing {
+            Some(Duration::from_secs(1))
+        } else if matches!(cfg.store, Some((_, Durability::Async))) && !p.is_empty() {
+            Some(cfg.commit_interval.saturating_sub(last_commit.elapsed()))
+        } else {
+            None
+        };
+        let first = match wait {
+            Some(d) => match tokio::time::timeout(d, rx.recv()).await {
+                Ok(Some(s)) => Some(s),
+                Ok(None) => return finish(&cfg, &log, &mut p, next_seq),
+                Err(_) => None, // timer: retry or async commit
+            },
+            None => match rx.recv().await {
+                Some(s) => Some(s),
+                None => return finish(&cfg, &log, &mut p, next_seq),
+            },
+        };
+        let mut steps: Vec<Step> = first.into_iter().collect();
+        while steps.len() < 4096 {
+            match rx.try_recv() {
+                Ok(s) => steps.push(s),
+                Err(_) => break,
+            }
+        }
+        // All shard parts of one request commit together: a crash then keeps a whole request or
+        // none of it, and its re-sent copy meets the same state everywhere. The missing parts are
+        // already being processed by their shards, so waiting for them is short.
+        let mut open: HashMap<u64, u32> = HashMap::new();
+        let note = |open: &mut HashMap<u64, u32>, s: &Step| {
+            if let Some((id, parts)) = s.request {
+                let seen = open.entry(id).or_insert(0);
+                *seen += 1;
+                if *seen >= parts {
+                    open.remove(&id);
+                }
+            }
+        };
+        for s in &steps {
+            note(&mut open, s);
+        }
+        while !open.is_empty() {
+            match tokio::time::timeout(Duration::from_secs(2), rx.recv()).await {
+                Ok(Some(s)) => {
+                    note(&mut open, &s);
+                    steps.push(s);
+                }
+                _ => break,
+            }
+        }
+        let now = wall.now();
+        for s in steps {
+            if let Some(t) = s.max_ts {
+                p.max_seen = Some(p.max_seen.map_or(t.0, |m| m.max(t.0)));
+            }
+            for mut e in s.events {
+                e.seq = next_seq;
+                e.emitted_at = Some(now);
+                next_seq += 1;
+                let json: Arc<str> = serde_json::to_string(&e).unwrap_or_default().into();
+                p.batch.events.push((e.seq, json.clone()));
+                p.events.push(Arc::new(LoggedEvent { event: e, json }));
+            }
+            p.batch.devices_put.extend(s.devices);
+            p.batch.fences_put.extend(s.fences_put);
+            p.batch.fences_del.extend(s.fences_del);
+            if let Some(w) = s.watermark {
+                p.watermark = Some(p.watermark.map_or(w, |c| c.max(w)));
+            }
+            p.replies.extend(s.reply);
+            p.acks.extend(s.ack);
+            if !p.events.is_empty() {
+                p.arrived.extend(s.arrived);
+            }
+        }
+        let due = match &cfg.store {
+            Some((_, Durability::Async)) => last_commit.elapsed() >= cfg.commit_interval,
+            _ => true,
+        };
+        if due || failing {
+            failing = !commit(&cfg, &log, &mut p, &mut last_commit, next_seq);
+        } else {
+            // async: answer now, publish and persist at the next interval.
+            for (tx, outcomes) in p.replies.drain(..) {
+                let _ = tx.send(Ok(outcomes));
+            }
+            for tx in p.acks.drain(..) {
+                let _ = tx.send(Ok(()));
+            }
+        }
+    }
+}
+
+/// Every sender is gone: a last commit (retried a few times) before the task ends.
+fn finish(cfg: &PublisherCfg, log: &EventLog, p: &mut Pending, next_seq: u64) {
+    let mut last = Instant::now();
+    for _ in 0..3 {
+        if p.is_empty() || commit(cfg, log, p, &mut last, next_seq) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    tracing::error!("final state commit failed; the last steps since the previous commit are lost");
+}
+
+/// Commits `p` (if there is a store) and publishes it; returns false when the commit failed (the
+/// data stays in `p` for the retry).
+fn commit(
+    cfg: &PublisherCfg,
+    log: &EventLog,
+    p: &mut Pending,
+    last_commit: &mut Instant,
+    next_seq: u64,
+) -> bool {
+    if let Some((store, durability)) = &cfg.store {
+        p.batch.watermark = p.watermark.map(|w| w.0);
+        // The event-mode watermark is persisted from the fixes this commit holds, not from the
+        // live counter, which may already include requests that are not committed yet.
+        p.batch.max_seen = p.max_seen;
+        p.batch.next_seq = Some(next_seq);
+        p.batch.trim_events_below = next_seq.checked_sub(cfg.log_capacity as u64);
+        let started = Instant::now();
+        // Both modes commit with fsync: `async` only changes *when* (every commit_interval,
+        // answering before the commit); a commit without fsync would not survive a crash.
+        let _ = durability;
+        let res = store.commit(&p.batch, Durability::Sync);
+        histogram!(t::STORE_COMMIT_SECONDS).record(started.elapsed().as_secs_f64());
+        *last_commit = Instant::now();
+        if let Err(e) = res {
+            counter!(t::STORE_COMMIT_FAILURES).increment(1);
+            tracing::error!(error = %e, "state store commit failed; keeping the data and retrying");
+            let err = PublishError::Store(e.to_string());
+            for (tx, _) in p.replies.drain(..) {
+                let _ = tx.send(Err(err.clone()));
+            }
+            for tx in p.acks.drain(..) {
+                let _ = tx.send(Err(err.clone()));
+            }
+            return false;
+        }
+        counter!(t::STORE_COMMITS).increment(1);
+    }
+    for e in &p.events {
+        counter!(t::EVENTS_EMITTED, "type" => e.event.kind.as_str()).increment(1);
+    }
+    log.append_stamped(std::mem::take(&mut p.events));
+    for a in p.arrived.drain(..) {
+        histogram!(t::INGEST_TO_EVENT_SECONDS).record(a.elapsed().as_secs_f64());
+    }
+    for (tx, outcomes) in p.replies.drain(..) {
+        let _ = tx.send(Ok(outcomes));
+    }
+    for tx in p.acks.drain(..) {
+        let _ = tx.send(Ok(()));
+    }
+    p.batch = Batch::default();
+    p.watermark = None;
+    true
+}

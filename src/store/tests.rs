@@ -1,0 +1,743 @@
+//! Store tests: round trips, refusal of foreign / damaged / mismatched stores, merge semantics,
+//! group commit and failure retention, and `check`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use super::*;
+use crate::core::engine::{Engine, EngineConfig};
+use crate::core::event::Event;
+use crate::core::fences::{FenceLimits, parse_fences_str};
+use crate::core::fix::{DEFAULT_MAX_DEVICE_LEN, Fix};
+use crate::core::pairs::PairState;
+use crate::core::time::Ts;
+
+/// A fresh directory under the system temp dir (removed on drop).
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "geodwell-store-{name}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        TempDir(p)
+    }
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+const T0: i64 = 1_767_225_600_000;
+
+const FENCES_JSON: &str = r#"{"type": "FeatureCollection", "features": [
+  {"type": "Feature", "id": "sq", "properties": {"dwell": [60, 600]},
+   "geometry": {"type": "Polygon", "coordinates": [[[10.0, 50.0], [10.01, 50.0], [10.01, 50.01], [10.0, 50.01], [10.0, 50.0]]]}},
+  {"type": "Feature", "id": "circle", "properties": {"radius_m": 500, "dwell": [30]},
+   "geometry": {"type": "Point", "coordinates": [10.005, 50.005]}}
+]}"#;
+
+/// A small engine with two fences, three devices inside, one buffered fix; its export, the
+/// fences as stored text, and the events it emitted.
+fn small_engine() -> (Vec<DeviceState>, Vec<(String, String)>, Vec<Event>) {
+    let fences = parse_fences_str(FENCES_JSON, &FenceLimits::default()).expect("valid fences");
+    let mut e = Engine::new(EngineConfig::default());
+    let mut out = Vec::new();
+    let mut stored = Vec::new();
+    for f in fences {
+        stored.push((
+            f.id.to_string(),
+            serde_json::to_string(&f.to_feature()).unwrap(),
+        ));
+        e.upsert_fence(Arc::new(f), &mut out);
+    }
+    for (i, dev) in ["a", "b", "c"].iter().enumerate() {
+        let fix = Fix::new(
+            dev,
+            Ts(T0 + i as i64 * 1000),
+            50.005,
+            10.005,
+            Some(5.0),
+            DEFAULT_MAX_DEVICE_LEN,
+        )
+        .unwrap();
+        e.ingest(&fix, Ts(T0 + i as i64 * 1000), &mut out).unwrap();
+    }
+    // A fix ahead of the watermark stays buffered.
+    let ahead = Fix::new("a", Ts(T0 + 50_000), 50.006, 10.006, None, 128).unwrap();
+    e.ingest(&ahead, Ts(T0 + 5000), &mut out).unwrap();
+    let export = e.export();
+    assert!(export.iter().any(|d| !d.buffer.is_empty()));
+    assert!(export.iter().all(|d| d.pairs.len() == 2));
+    (export, stored, out)
+}
+
+fn event_json(seq: u64, i: i64) -> Arc<str> {
+    let d: Arc<str> = Arc::from("dev");
+    let f: Arc<str> = Arc::from("sq");
+    let mut e = Event::enter(&d, &f, Ts(T0 + i), &serde_json::json!({}));
+    e.seq = seq;
+    serde_json::to_string(&e).unwrap().into()
+}
+
+fn device(id: &str, t: i64) -> DeviceState {
+    DeviceState {
+        id: id.to_string(),
+        last_applied: Some(t),
+        last_position: Some((1.0, 2.0)),
+        buffer: vec![],
+        pairs: vec![(
+            "sq".into(),
+            PairState {
+                entered_at: t,
+                vote_first: t,
+                vote_last: t,
+                votes: 0,
+                inside: true,
+                evaluated: 0,
+                fired: 0,
+                stale: 0,
+            },
+        )],
+    }
+}
+
+#[test]
+fn open_commit_load_round_trip_with_an_engine_export() {
+    let dir = TempDir::new("roundtrip");
+    let (devices, fences, events) = small_engine();
+    {
+        let s = Store::open(dir.path()).unwrap();
+        let fresh = s.load(10).unwrap();
+        assert_eq!(fresh.next_seq, 1, "a new store starts at seq 1");
+        assert!(fresh.devices.is_empty() && fresh.watermark.is_none());
+        let batch = Batch {
+            devices_put: devices.clone(),
+            fences_put: fences.clone(),
+            events: events
+                .iter()
+                .enumerate()
+                .map(|(i, _)| (i as u64 + 1, event_json(i as u64 + 1, i as i64)))
+                .collect(),
+            watermark: Some(T0 + 5000),
+            max_seen: Some(T0 + 50_000),
+            next_seq: Some(events.len() as u64 + 1),
+            cursors: vec![("webhook".into(), 2)],
+            ..Batch::default()
+        };
+        s.commit(&batch, Durability::Sync).unwrap();
+        assert_eq!(s.stats().commits, 1);
+    }
+    let s = Store::open(dir.path()).unwrap();
+    let snap = s.load(2).unwrap();
+    let mut want = devices.clone();
+    want.sort_by(|a, b| a.id.cmp(&b.id));
+    assert_eq!(snap.devices, want);
+    let mut want_f: Vec<String> = fences.iter().map(|f| f.1.clone()).collect();
+    want_f.sort_by_key(|f| {
+        let v: serde_json::Value = serde_json::from_str(f).unwrap();
+        v["id"].as_str().unwrap().to_string()
+    });
+    assert_eq!(snap.fences, want_f);
+    assert_eq!(snap.watermark, Some(T0 + 5000));
+    assert_eq!(snap.max_seen, Some(T0 + 50_000));
+    let n = events.len() as u64;
+    assert!(n >= 3, "the small engine emits events");
+    assert_eq!(snap.next_seq, n + 1);
+    assert_eq!(
+        snap.events.iter().map(|e| e.0).collect::<Vec<_>>(),
+        vec![n - 1, n],
+        "the tail, ascending"
+    );
+    assert_eq!(snap.cursors, vec![("webhook".to_string(), 2)]);
+    // The restored engine exports what was stored.
+    let mut e = Engine::new(EngineConfig::default());
+    for f in parse_fences_str(FENCES_JSON, &FenceLimits::default()).unwrap() {
+        e.upsert_fence(Arc::new(f), &mut Vec::new());
+    }
+    e.restore(snap.devices.clone(), snap.watermark.map(Ts))
+        .unwrap();
+    let mut again = e.export();
+    again.sort_by(|a, b| a.id.cmp(&b.id));
+    assert_eq!(again, want);
+    // Deletes, trims and later values.
+    let b2 = Batch {
+        devices_del: vec!["a".into()],
+        fences_del: vec!["circle".into()],
+        trim_events_below: Some(n),
+        watermark: Some(T0 + 6000),
+        ..Batch::default()
+    };
+    s.commit(&b2, Durability::Async).unwrap();
+    let snap = s.load(100).unwrap();
+    assert_eq!(snap.devices.len(), 2);
+    assert_eq!(snap.fences.len(), 1);
+    assert_eq!(snap.events.len(), 1);
+    assert_eq!(snap.events[0].0, n);
+    assert_eq!(snap.watermark, Some(T0 + 6000));
+}
+
+#[test]
+fn another_schema_version_is_refused() {
+    let dir = TempDir::new("schema");
+    drop(Store::open(dir.path()).unwrap());
+    {
+        let db = redb::Database::open(dir.path().join(FILE_NAME)).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(META)
+            .unwrap()
+            .insert(K_SCHEMA, 2u32.to_le_bytes().as_slice())
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let e = Store::open(dir.path()).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            StoreError::SchemaMismatch {
+                found: 2,
+                expected: SCHEMA_VERSION,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("schema version 2"), "{e}");
+    assert!(matches!(
+        check(dir.path()),
+        Err(StoreError::SchemaMismatch { .. })
+    ));
+}
+
+#[test]
+fn a_foreign_redb_file_is_refused() {
+    let dir = TempDir::new("foreign");
+    std::fs::create_dir_all(dir.path()).unwrap();
+    {
+        let db = redb::Database::create(dir.path().join(FILE_NAME)).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(FENCES).unwrap().insert("x", "y").unwrap();
+        txn.commit().unwrap();
+    }
+    let e = Store::open(dir.path()).unwrap_err();
+    assert!(matches!(e, StoreError::Corrupt { .. }), "{e}");
+}
+
+#[test]
+fn a_corrupt_file_is_refused_and_left_untouched() {
+    let dir = TempDir::new("corrupt");
+    std::fs::create_dir_all(dir.path()).unwrap();
+    let path = dir.path().join(FILE_NAME);
+    let garbage: Vec<u8> = (0..100_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(&path, &garbage).unwrap();
+    let e = Store::open(dir.path()).unwrap_err();
+    assert!(matches!(e, StoreError::Corrupt { .. }), "{e:?}");
+    assert!(e.to_string().contains("corrupt"), "{e}");
+    assert_eq!(std::fs::read(&path).unwrap(), garbage, "never reset");
+    assert!(matches!(check(dir.path()), Err(StoreError::Corrupt { .. })));
+
+    // A valid store whose body was overwritten: refused or reported, never silently emptied.
+    let dir2 = TempDir::new("corrupt2");
+    {
+        let s = Store::open(dir2.path()).unwrap();
+        let b = Batch {
+            devices_put: (0..2000)
+                .map(|i| device(&format!("d{i}"), T0 + i))
+                .collect(),
+            ..Batch::default()
+        };
+        s.commit(&b, Durability::Sync).unwrap();
+    }
+    let p2 = dir2.path().join(FILE_NAME);
+    let mut bytes = std::fs::read(&p2).unwrap();
+    let len = bytes.len();
+    for b in &mut bytes[4096..len] {
+        *b = 0xA5;
+    }
+    std::fs::write(&p2, &bytes).unwrap();
+    match Store::open(dir2.path()).and_then(|s| s.load(0)) {
+        Err(e) => eprintln!("damaged body refused: {e}"),
+        Ok(snap) => panic!("damaged store loaded {} devices", snap.devices.len()),
+    }
+}
+
+#[test]
+fn an_unusable_data_dir_is_a_clear_error() {
+    let dir = TempDir::new("baddir");
+    std::fs::create_dir_all(dir.path()).unwrap();
+    // A data dir whose parent is a file: fails for root too.
+    let file = dir.path().join("plain-file");
+    std::fs::write(&file, b"x").unwrap();
+    let e = Store::open(&file.join("data")).unwrap_err();
+    assert!(matches!(e, StoreError::DataDir { .. }), "{e}");
+    // The data dir itself is a file.
+    let e = Store::open(&file).unwrap_err();
+    assert!(
+        matches!(e, StoreError::DataDir { .. } | StoreError::Db { .. }),
+        "{e}"
+    );
+
+    // A read-only directory: root ignores the mode, so probe first and say so.
+    use std::os::unix::fs::PermissionsExt;
+    let ro = dir.path().join("ro");
+    std::fs::create_dir_all(&ro).unwrap();
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
+    let probe = ro.join("probe");
+    if std::fs::write(&probe, b"x").is_ok() {
+        let _ = std::fs::remove_file(&probe);
+        eprintln!(
+            "SKIPPED read-only dir assertion: running as a privileged user, mode 0555 does not stop writes"
+        );
+    } else {
+        let e = Store::open(&ro).unwrap_err();
+        assert!(e.to_string().contains("ermission"), "{e}");
+    }
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+#[test]
+fn a_second_open_of_the_same_store_is_refused() {
+    let dir = TempDir::new("locked");
+    let _s = Store::open(dir.path()).unwrap();
+    let e = Store::open(dir.path()).unwrap_err();
+    assert!(matches!(e, StoreError::Locked { .. }), "{e}");
+}
+
+#[test]
+fn merge_semantics() {
+    let mut a = Batch {
+        devices_put: vec![device("x", 1), device("y", 1)],
+        devices_del: vec!["z".into()],
+        fences_put: vec![("f".into(), "1".into())],
+        events: vec![(1, "e1".into()), (2, "e2".into())],
+        watermark: Some(10),
+        next_seq: Some(3),
+        cursors: vec![("s".into(), 1)],
+        ..Batch::default()
+    };
+    let b = Batch {
+        devices_put: vec![device("x", 2), device("z", 2)], // later put wins; put after delete wins
+        devices_del: vec!["y".into()],                     // delete after put wins
+        fences_del: vec!["f".into()],
+        events: vec![(3, "e3".into())],
+        trim_events_below: Some(2),
+        max_seen: Some(7),
+        cursors: vec![("s".into(), 2), ("t".into(), 5)],
+        ..Batch::default()
+    };
+    a.merge(b);
+    let ids: Vec<(&str, Option<i64>)> = a
+        .devices_put
+        .iter()
+        .map(|d| (d.id.as_str(), d.last_applied))
+        .collect();
+    assert_eq!(ids, vec![("x", Some(2)), ("z", Some(2))]);
+    assert_eq!(a.devices_del, vec!["y".to_string()]);
+    assert!(a.fences_put.is_empty());
+    assert_eq!(a.fences_del, vec!["f".to_string()]);
+    assert_eq!(
+        a.events.iter().map(|e| e.0).collect::<Vec<_>>(),
+        vec![2, 3],
+        "the trim drops merged events below it"
+    );
+    assert_eq!(a.trim_events_below, Some(2));
+    assert_eq!(
+        (a.watermark, a.max_seen, a.next_seq),
+        (Some(10), Some(7), Some(3))
+    );
+    assert_eq!(a.cursors, vec![("s".to_string(), 2), ("t".to_string(), 5)]);
+    // Within one batch, a delete and a put of one id leave the put; a later batch's delete wins.
+    let mut c = Batch {
+        devices_put: vec![device("q", 1)],
+        devices_del: vec!["q".into()],
+        ..Batch::default()
+    };
+    c.merge(Batch::default());
+    assert_eq!(c.devices_put.len(), 1);
+    assert!(c.devices_del.is_empty());
+    c.merge(Batch {
+        devices_del: vec!["q".into()],
+        trim_events_below: Some(1),
+        ..Batch::default()
+    });
+    assert!(c.devices_put.is_empty());
+    assert_eq!(c.devices_del, vec!["q".to_string()]);
+    assert!(!c.is_empty() && Batch::default().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_committer_groups_concurrent_submits() {
+    let dir = TempDir::new("group");
+    let store = Arc::new(Store::open(dir.path()).unwrap());
+    let h = Committer::spawn(store.clone(), Durability::Sync, Duration::from_millis(100));
+    let n = 200;
+    let futs: Vec<_> = (0..n)
+        .map(|i| {
+            h.submit(Batch {
+                devices_put: vec![device(&format!("d{i:03}"), T0 + i)],
+                events: vec![(i as u64 + 1, event_json(i as u64 + 1, i))],
+                next_seq: Some(i as u64 + 2),
+                ..Batch::default()
+            })
+        })
+        .collect();
+    for r in futures_util::future::join_all(futs).await {
+        r.unwrap();
+    }
+    let commits = store.stats().commits;
+    eprintln!("{n} concurrent submits took {commits} commits");
+    assert!(commits < n as u64 / 2, "{commits} commits for {n} submits");
+    let snap = store.load(1000).unwrap();
+    assert_eq!(snap.devices.len(), n as usize);
+    assert_eq!(snap.events.len(), n as usize);
+    assert_eq!(snap.next_seq, n as u64 + 1, "call order is commit order");
+    h.shutdown().await.unwrap();
+    assert!(matches!(
+        h.submit(Batch::default()).await,
+        Err(StoreError::CommitterClosed)
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_commit_keeps_its_data_for_the_retry() {
+    let dir = TempDir::new("retry");
+    let store = Arc::new(Store::open(dir.path()).unwrap());
+    let h = Committer::spawn(store.clone(), Durability::Sync, Duration::from_millis(20));
+    store.fail_next_commits(1);
+    let e = h
+        .submit(Batch {
+            devices_put: vec![device("a", 1)],
+            ..Batch::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(e.root(), StoreError::Injected { .. }), "{e}");
+    assert!(h.last_error().is_some());
+    assert!(store.load(0).unwrap().devices.is_empty());
+    h.submit(Batch {
+        devices_put: vec![device("b", 2)],
+        ..Batch::default()
+    })
+    .await
+    .unwrap();
+    assert!(h.last_error().is_none());
+    let ids: Vec<String> = store
+        .load(0)
+        .unwrap()
+        .devices
+        .into_iter()
+        .map(|d| d.id)
+        .collect();
+    assert_eq!(
+        ids,
+        vec!["a".to_string(), "b".to_string()],
+        "the failed batch was retried"
+    );
+    assert_eq!(store.stats().failed_commits, 1);
+
+    // With no new submit, the timer retries on its own.
+    store.fail_next_commits(1);
+    assert!(
+        h.submit(Batch {
+            devices_put: vec![device("c", 3)],
+            ..Batch::default()
+        })
+        .await
+        .is_err()
+    );
+    for _ in 0..100 {
+        if store.load(0).unwrap().devices.len() == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        store.load(0).unwrap().devices.len(),
+        3,
+        "retried by the timer"
+    );
+    h.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_mode_answers_at_once_and_commits_on_the_interval() {
+    let dir = TempDir::new("async");
+    let store = Arc::new(Store::open(dir.path()).unwrap());
+    let h = Committer::spawn(store.clone(), Durability::Async, Duration::from_millis(200));
+    let start = std::time::Instant::now();
+    for i in 0..50 {
+        h.submit(Batch {
+            devices_put: vec![device(&format!("d{i}"), i)],
+            ..Batch::default()
+        })
+        .await
+        .unwrap();
+    }
+    // One commit at once, then at most one per interval (plus one for timing slack).
+    let allowed = 2 + (start.elapsed().as_millis() / 200) as u64;
+    assert!(store.stats().commits <= allowed, "{:?}", store.stats());
+    // A failing commit keeps the data; flush reports the error, a later flush commits.
+    store.fail_next_commits(1);
+    assert!(h.flush().await.is_err());
+    h.flush().await.unwrap();
+    assert_eq!(store.load(0).unwrap().devices.len(), 50);
+    h.submit(Batch {
+        devices_put: vec![device("last", 1)],
+        ..Batch::default()
+    })
+    .await
+    .unwrap();
+    h.shutdown().await.unwrap();
+    assert_eq!(store.load(0).unwrap().devices.len(), 51, "shutdown flushes");
+}
+
+#[test]
+fn check_reports_a_good_and_a_bad_store() {
+    let dir = TempDir::new("check");
+    let (devices, fences, events) = small_engine();
+    let n = events.len() as u64;
+    {
+        let s = Store::open(dir.path()).unwrap();
+        let b = Batch {
+            devices_put: devices.clone(),
+            fences_put: fences.clone(),
+            events: (1..=n).map(|i| (i, event_json(i, i as i64))).collect(),
+            next_seq: Some(n + 1),
+            watermark: Some(T0),
+            ..Batch::default()
+        };
+        s.commit(&b, Durability::Sync).unwrap();
+    }
+    let r = check(dir.path()).unwrap();
+    eprintln!("{r}");
+    assert!(r.is_ok(), "{r}");
+    assert_eq!((r.fences, r.devices, r.events), (2, 3, n));
+    assert_eq!(r.pairs, 6);
+    assert_eq!(r.buffered_fixes, 1);
+    assert_eq!(r.event_seqs, Some((1, n)));
+    assert!(r.to_string().contains("result:         ok"));
+
+    // Damage records through redb: an undecodable device, a gap, a fence that is no fence.
+    {
+        let db = redb::Database::open(dir.path().join(FILE_NAME)).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(DEVICES)
+            .unwrap()
+            .insert("broken", [1u8, 7, 7].as_slice())
+            .unwrap();
+        txn.open_table(EVENTS)
+            .unwrap()
+            .insert(n + 5, &*event_json(n + 5, 0))
+            .unwrap();
+        txn.open_table(FENCES)
+            .unwrap()
+            .insert("nofence", "{}")
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let r = check(dir.path()).unwrap();
+    eprintln!("{r}");
+    assert!(!r.is_ok());
+    let text = r.to_string();
+    assert!(text.contains("devices \"broken\""), "{text}");
+    assert!(text.contains("gap"), "{text}");
+    assert!(text.contains("next_seq"), "{text}");
+    assert!(text.contains("fences \"nofence\""), "{text}");
+    let e = Store::open(dir.path()).unwrap().load(0).unwrap_err();
+    assert!(matches!(e, StoreError::Decode { .. }), "{e}");
+    // No store at all.
+    assert!(matches!(
+        check(&dir.path().join("nothing")),
+        Err(StoreError::Missing { .. })
+    ));
+}
+
+/// Warm-start measurement (not a test): 1M devices, 1.9M pairs with pending dwells. Run with
+/// `cargo test --release --lib store::tests::warm_start_of_1_9m_pairs -- --ignored --nocapture`.
+#[test]
+#[ignore = "measurement; run in release"]
+fn warm_start_of_1_9m_pairs() {
+    let dir = TempDir::new("warm");
+    let devices = 1_000_000u32;
+    let pair = |t: i64| PairState {
+        entered_at: t,
+        vote_first: t,
+        vote_last: t,
+        votes: 0,
+        inside: true,
+        evaluated: 0,
+        fired: 0,
+        stale: 0,
+    };
+    let t = std::time::Instant::now();
+    {
+        let s = Store::open(dir.path()).unwrap();
+        for chunk in (0..devices).collect::<Vec<_>>().chunks(100_000) {
+            let b = Batch {
+                devices_put: chunk
+                    .iter()
+                    .map(|&i| {
+                        let at = T0 + i64::from(i);
+                        let mut pairs = vec![("sq".to_string(), pair(at))];
+                        if i % 10 != 0 {
+                            pairs.push(("circle".to_string(), pair(at + 1000)));
+                        }
+                        DeviceState {
+                            id: format!("device-{i:07}"),
+                            last_applied: Some(at),
+                            last_position: Some((50.005, 10.005)),
+                            buffer: vec![],
+                            pairs,
+                        }
+                    })
+                    .collect(),
+                ..Batch::default()
+            };
+            s.commit(&b, Durability::Async).unwrap();
+        }
+        s.commit(
+            &Batch {
+                watermark: Some(T0),
+                ..Batch::default()
+            },
+            Durability::Sync,
+        )
+        .unwrap();
+    }
+    let bytes = std::fs::metadata(dir.path().join(FILE_NAME)).unwrap().len();
+    eprintln!(
+        "wrote {devices} devices in {:?}, file {} MB",
+        t.elapsed(),
+        bytes >> 20
+    );
+    let t = std::time::Instant::now();
+    let s = Store::open(dir.path()).unwrap();
+    let opened = t.elapsed();
+    let snap = s.load(10_000).unwrap();
+    let loaded = t.elapsed();
+    let pairs: usize = snap.devices.iter().map(|d| d.pairs.len()).sum();
+    assert_eq!(snap.devices.len(), devices as usize);
+    assert_eq!(pairs, 1_900_000);
+    let mut e = Engine::new(EngineConfig::default());
+    for f in parse_fences_str(FENCES_JSON, &FenceLimits::default()).unwrap() {
+        e.upsert_fence(Arc::new(f), &mut Vec::new());
+    }
+    let r = e.restore(snap.devices, Some(Ts(T0))).unwrap();
+    let restored = t.elapsed();
+    eprintln!(
+        "warm start: open {opened:?}, open+load {loaded:?}, +engine restore {restored:?} ({} devices, {} pairs)",
+        r.devices, r.pairs
+    );
+    // After a crash: a copy taken while the store is open needs redb's repair on open.
+    let crashed = TempDir::new("warm-crashed");
+    std::fs::create_dir_all(crashed.path()).unwrap();
+    std::fs::copy(dir.path().join(FILE_NAME), crashed.path().join(FILE_NAME)).unwrap();
+    drop(s);
+    let t = std::time::Instant::now();
+    let s = Store::open(crashed.path()).unwrap();
+    let opened = t.elapsed();
+    let n = s.load(10_000).unwrap().devices.len();
+    eprintln!(
+        "after a crash: open (with repair) {opened:?}, open+load {:?} ({n} devices)",
+        t.elapsed()
+    );
+}
+
+/// A real full disk (not a test by default: it needs a small file system). Run as root with
+/// `mount -t tmpfs -o size=2m tmpfs /tmp/tinyfs` and
+/// `GEODWELL_TINYFS=/tmp/tinyfs cargo test --lib store::tests::disk_full -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs GEODWELL_TINYFS: a small file system to fill"]
+async fn disk_full_keeps_the_data_and_recovers() {
+    let Ok(fs) = std::env::var("GEODWELL_TINYFS") else {
+        eprintln!("SKIPPED: GEODWELL_TINYFS is not set");
+        return;
+    };
+    let dir = PathBuf::from(fs).join(format!("store-{}", std::process::id()));
+    let filler = dir.with_extension("filler");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::write(&filler, vec![7u8; 512 * 1024]).unwrap();
+    let store = Arc::new(Store::open(&dir).unwrap());
+    let h = Committer::spawn(store.clone(), Durability::Sync, Duration::from_millis(20));
+    let mut ids = Vec::new();
+    let mut err = None;
+    for round in 0..10_000 {
+        let b = Batch {
+            devices_put: (0..200)
+                .map(|i| device(&format!("r{round:05}-{i:03}"), T0 + i))
+                .collect(),
+            ..Batch::default()
+        };
+        ids.extend(b.devices_put.iter().map(|d| d.id.clone()));
+        if let Err(e) = h.submit(b).await {
+            err = Some(e);
+            break;
+        }
+    }
+    let err = err.expect("the file system filled up");
+    eprintln!("after {} devices: {err}", ids.len());
+    assert!(err.is_disk_full(), "{err:?}");
+    assert!(h.last_error().is_some());
+    // Space returns: the kept batch commits.
+    std::fs::remove_file(&filler).unwrap();
+    let mut flushed = h.flush().await;
+    for _ in 0..20 {
+        if flushed.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        flushed = h.flush().await;
+    }
+    flushed.unwrap();
+    eprintln!("recovered: {:?}", store.stats());
+    let snap = store.load(0).unwrap();
+    let mut want = ids.clone();
+    want.sort();
+    let got: Vec<String> = snap.devices.into_iter().map(|d| d.id).collect();
+    assert_eq!(got, want, "nothing accepted was lost");
+    h.shutdown().await.unwrap();
+    drop(h);
+    drop(store);
+    let r = check(&dir).unwrap();
+    assert!(r.is_ok(), "{r}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn check_repairs_a_store_that_was_not_closed_cleanly() {
+    let dir = TempDir::new("unclean");
+    let copy = TempDir::new("unclean-copy");
+    let s = Store::open(dir.path()).unwrap();
+    let b = Batch {
+        devices_put: vec![device("a", 1), device("b", 2)],
+        ..Batch::default()
+    };
+    s.commit(&b, Durability::Sync).unwrap();
+    // A copy taken while the store is open looks like the file after a crash.
+    std::fs::create_dir_all(copy.path()).unwrap();
+    std::fs::copy(dir.path().join(FILE_NAME), copy.path().join(FILE_NAME)).unwrap();
+    drop(s);
+    let r = check(copy.path()).unwrap();
+    eprintln!("{r}");
+    assert!(r.is_ok(), "{r}");
+    assert_eq!(r.devices, 2);
+    assert!(
+        r.repaired,
+        "the copy needed a repair, and the report says so"
+    );
+    let snap = Store::open(copy.path()).unwrap().load(0).unwrap();
+    assert_eq!(snap.devices.len(), 2, "a crash loses no synced commit");
+}

@@ -1,0 +1,317 @@
+//! Durable state across restarts (in-process) and crashes (`kill -9` of the real binary).
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use geodwell::config::Config;
+use serde_json::{Value, json};
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "geodwell-{name}-{}-{}",
+        std::process::id(),
+        rand_suffix()
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn rand_suffix() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(0u8)
+}
+
+fn durable_cfg(dir: &Path, extra: &str) -> Config {
+    config(&format!(
+        "[store]\ndurability = \"sync\"\n[time]\nclock = \"event\"\nlateness = \"0s\"\n{extra}"
+    ))
+    .with_data_dir(dir)
+}
+
+trait WithDir {
+    fn with_data_dir(self, dir: &Path) -> Self;
+}
+
+impl WithDir for Config {
+    fn with_data_dir(mut self, dir: &Path) -> Self {
+        self.data_dir = dir.to_path_buf();
+        self
+    }
+}
+
+fn ids(evs: &[Value]) -> Vec<String> {
+    evs.iter()
+        .map(|e| format!("{} {}", e["type"], e["id"]))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_dwells_fire_after_a_restart_with_the_ids_they_would_have_had() {
+    let dir = temp_dir("restart");
+    // Uninterrupted reference run (in memory).
+    let reference = {
+        let srv =
+            start("[store]\ndurability = \"none\"\n[time]\nclock = \"event\"\nlateness = \"0s\"\n")
+                .await;
+        srv.put_fence("depot", square("depot", json!({"dwell": ["10m"]})))
+            .await;
+        srv.post_fixes(json!([fix("truck", 0, true), fix("truck", 300, true)]))
+            .await;
+        srv.post_fixes(fix("other", 601, false)).await;
+        let evs = srv.events(2).await;
+        srv.stop().await;
+        evs
+    };
+    assert_eq!(ids(&reference).len(), 2);
+
+    let srv = start_cfg(durable_cfg(&dir, "")).await;
+    srv.put_fence("depot", square("depot", json!({"dwell": ["10m"]})))
+        .await;
+    srv.post_fixes(json!([fix("truck", 0, true), fix("truck", 300, true)]))
+        .await;
+    assert_eq!(srv.events(1).await.len(), 1);
+    srv.stop().await;
+
+    // Restart on the same data dir: the fence, the visit and its pending deadline are back.
+    let srv = start_cfg(durable_cfg(&dir, "")).await;
+    let (s, f) = srv.get("/v1/fences/depot").await;
+    assert_eq!(s, 200, "{f}");
+    let (_, dev) = srv.get("/v1/devices/truck").await;
+    assert_eq!(dev["pairs"][0]["state"], "inside", "{dev}");
+    srv.post_fixes(fix("other", 601, false)).await;
+    let evs = srv.events(2).await;
+    assert_eq!(
+        ids(&evs),
+        ids(&reference),
+        "same events, same ids, seq continues"
+    );
+    assert_eq!(evs[1]["seq"], 2);
+    assert_eq!(evs[1]["at"], "2026-01-01T00:10:00.000Z");
+    srv.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dwell_whose_visit_ended_during_the_downtime_does_not_fire() {
+    let dir = temp_dir("downtime-exit");
+    let srv = start_cfg(durable_cfg(&dir, "")).await;
+    srv.put_fence("depot", square("depot", json!({"dwell": ["10m"]})))
+        .await;
+    srv.post_fixes(fix("truck", 0, true)).await;
+    srv.stop().await;
+    // After the restart, data from the downtime window arrives: the truck left at 500 s.
+    let srv = start_cfg(durable_cfg(&dir, "")).await;
+    srv.post_fixes(json!([fix("truck", 500, false), fix("other", 700, false)]))
+        .await;
+    let evs = srv.events(2).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let evs2 = srv.events(3).await;
+    assert_eq!(evs.len(), evs2.len());
+    let kinds: Vec<&str> = evs2.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds, vec!["enter", "exit"], "{evs2:?}");
+    srv.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_cannot_be_read_stops_startup_with_a_clear_error() {
+    let dir = temp_dir("corrupt");
+    std::fs::write(
+        dir.join("geodwell.redb"),
+        b"this is not a redb file, it is garbage",
+    )
+    .unwrap();
+    let err = geodwell::start(durable_cfg(&dir, "")).await.err();
+    match err {
+        Some(e) => assert!(e.to_string().contains("store"), "{e}"),
+        None => {
+            // start() binds first and runs the rest in the background: the error surfaces there.
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---- crash test with the real binary ------------------------------------------------------
+
+const BIN: &str = env!("CARGO_BIN_EXE_geodwell");
+
+fn spawn_bin(dir: &Path, extra: &[&str]) -> (Child, String) {
+    let mut child = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--clock",
+            "event",
+            "--lateness",
+            "30s",
+            "--shards",
+            "2",
+        ])
+        .arg("--data-dir")
+        .arg(dir)
+        .args(extra)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("GEODWELL_FENCES_FILE", "")
+        .env("GEODWELL_LOG", "info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("binary starts");
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    let addr = loop {
+        let line = lines
+            .next()
+            .expect("server log line (did startup fail?)")
+            .unwrap();
+        if let Some(rest) = line.split("addr=").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+    };
+    // Keep draining stderr so the child never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    (child, format!("http://{addr}"))
+}
+
+/// A deterministic multi-device replay: 8 devices hopping in and out of a square with dwell
+/// thresholds, in event time order, cut into batches.
+fn replay_batches() -> Vec<Value> {
+    let mut fixes = Vec::new();
+    for step in 0..240i64 {
+        for d in 0..8i64 {
+            let inside = ((step + d * 7) / 20) % 2 == 0;
+            fixes.push(fix(&format!("dev-{d}"), step * 15 + d, inside));
+        }
+    }
+    fixes.chunks(40).map(|c| Value::Array(c.to_vec())).collect()
+}
+
+async fn all_events(http: &reqwest::Client, base: &str) -> Vec<Value> {
+    let v: Value = http
+        .get(format!("{base}/v1/events?from_seq=0&limit=10000"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["events"].as_array().cloned().unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_at_random_moments_loses_and_doubles_nothing() {
+    let batches = replay_batches();
+    let http = reqwest::Client::new();
+    let fence = square(
+        "yard",
+        json!({"dwell": ["2m", "5m"], "exit_confirm": 2, "stale_after": "off"}),
+    );
+
+    // Uninterrupted run.
+    let dir = temp_dir("crash-ref");
+    let (mut child, base) = spawn_bin(&dir, &[]);
+    http.put(format!("{base}/v1/fences/yard"))
+        .json(&fence)
+        .send()
+        .await
+        .unwrap();
+    for b in &batches {
+        assert_eq!(
+            http.post(format!("{base}/v1/fixes"))
+                .json(b)
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let expected: Vec<Value> = all_events(&http, &base).await;
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        expected.len() > 50,
+        "the replay makes events: {}",
+        expected.len()
+    );
+
+    // Crashing run: kill -9 at pseudo-random batches, sometimes while a batch is in flight.
+    let dir = temp_dir("crash");
+    let (mut child, mut base) = spawn_bin(&dir, &[]);
+    http.put(format!("{base}/v1/fences/yard"))
+        .json(&fence)
+        .send()
+        .await
+        .unwrap();
+    let kill_at = [7usize, 19, 20, 33, 41];
+    let mut i = 0;
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    while i < batches.len() {
+        if kill_at.contains(&i) {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let in_flight = seed.is_multiple_of(2);
+            if in_flight {
+                // Fire the request and kill the server a moment later, mid-flight.
+                let req = http
+                    .post(format!("{base}/v1/fixes"))
+                    .json(&batches[i])
+                    .send();
+                let delay = Duration::from_micros(seed % 3000);
+                let killer = async {
+                    tokio::time::sleep(delay).await;
+                    let _ = Command::new("kill")
+                        .args(["-9", &child.id().to_string()])
+                        .status();
+                };
+                let (_res, ()) = tokio::join!(req, killer);
+            } else {
+                let _ = Command::new("kill")
+                    .args(["-9", &child.id().to_string()])
+                    .status();
+            }
+            let _ = child.wait();
+            let (c, b) = spawn_bin(&dir, &[]);
+            child = c;
+            base = b;
+        }
+        // (Re-)send batch i until it is acknowledged.
+        let r = http
+            .post(format!("{base}/v1/fixes"))
+            .json(&batches[i])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{:?}", r.text().await);
+        i += 1;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let got = all_events(&http, &base).await;
+    let _ = child.kill();
+    let _ = child.wait();
+
+    let seqs: Vec<u64> = got.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert_eq!(
+        seqs,
+        (1..=got.len() as u64).collect::<Vec<_>>(),
+        "no gaps in seq"
+    );
+    let mut got_ids: Vec<String> = got.iter().map(|e| e["id"].to_string()).collect();
+    let n = got_ids.len();
+    got_ids.sort();
+    got_ids.dedup();
+    assert_eq!(got_ids.len(), n, "no id twice");
+    let mut want: Vec<String> = expected.iter().map(|e| e["id"].to_string()).collect();
+    want.sort();
+    assert_eq!(got_ids, want, "exactly the events of the uninterrupted run");
+    let _ = std::fs::remove_dir_all(&dir);
+}
