@@ -498,6 +498,13 @@ fn main() {
         1e6 * churn_s / churn_n as f64,
         rebuild_s * 1e3
     );
+    let (s_cells, s_recs, s_grid_bytes) = sidx.point_grid_size();
+    let (l_cells, l_recs, l_grid_bytes) = lidx.point_grid_size();
+    println!(
+        "| point grid: small / large mix | | | {s_cells} / {l_cells} cells, {s_recs} / {l_recs} records, {:.2} / {:.3} MiB | |",
+        mb(s_grid_bytes),
+        mb(l_grid_bytes)
+    );
     println!(
         "| small mix: candidates only (point grid) | | | {:.2} M/s ({:.0} ns/fix) | |",
         fixes_n as f64 / s_cand_secs / 1e6,
@@ -559,6 +566,8 @@ fn main() {
         "naive": {"fixes": naive_n, "indexed_evals_per_s": sub_rate, "naive_evals_per_s": naive_rate,
                   "speedup": sub_rate / naive_rate, "mismatches": mismatches},
         "z_order_evals_per_s": {"small": fixes_n as f64 / s_z_secs, "large": fixes_n as f64 / l_z_secs},
+        "point_grid": {"small": {"cells": s_cells, "records": s_recs, "bytes": s_grid_bytes},
+                       "large": {"cells": l_cells, "records": l_recs, "bytes": l_grid_bytes}},
         "churn": {"cycles": churn_n, "us_per_cycle": 1e6 * churn_s / churn_n as f64, "grid_rebuild_ms": rebuild_s * 1e3},
         "candidates_only_ns": {"small": 1e9 * s_cand_secs / fixes_n as f64, "large": 1e9 * l_cand_secs / fixes_n as f64},
         "within_50m": {"calls": pairs.len(), "within": within_n, "indexed_per_s": within_rate, "naive_per_s": within_naive_rate},

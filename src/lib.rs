@@ -276,22 +276,42 @@ pub async fn run(
     let mut shard_tasks = Vec::new();
     let mut restored = Restored::default();
     let mut timers = 0;
-    for (id, devices) in per_shard.into_iter().enumerate() {
-        let (tx, rx) = mpsc::channel(cfg.shard_queue);
-        let mut engine = Engine::new(engine_cfg.clone());
-        let mut sink = Vec::new();
-        for f in &fences {
-            engine.upsert_fence(f.clone(), &mut sink);
-        }
-        let r = engine
-            .restore(devices, restore_w)
-            .map_err(|e| RunError::Corrupt(e.to_string()))?;
+    // Engines are rebuilt in parallel (one thread per shard): warm start is CPU-bound.
+    let built: Vec<Result<(Engine, Restored), RunError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = per_shard
+            .into_iter()
+            .map(|devices| {
+                let (engine_cfg, fences) = (&engine_cfg, &fences);
+                scope.spawn(move || {
+                    let mut engine = Engine::new(engine_cfg.clone());
+                    let mut sink = Vec::new();
+                    for f in fences {
+                        engine.upsert_fence(f.clone(), &mut sink);
+                    }
+                    let r = engine
+                        .restore(devices, restore_w)
+                        .map_err(|e| RunError::Corrupt(e.to_string()))?;
+                    Ok((engine, r))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(RunError::Corrupt("restoring a shard panicked".into())))
+            })
+            .collect()
+    });
+    for (id, b) in built.into_iter().enumerate() {
+        let (engine, r) = b?;
         restored.devices += r.devices;
         restored.pairs += r.pairs;
         restored.dropped_pairs += r.dropped_pairs;
         restored.buffered += r.buffered;
         let ws = engine.stats().wheel;
         timers += ws.entries - ws.tombstones;
+        let (tx, rx) = mpsc::channel(cfg.shard_queue);
         let ctx = ShardCtx {
             id,
             clock: cfg.clock,

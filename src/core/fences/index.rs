@@ -266,6 +266,24 @@ impl FenceIndex {
             .filter_map(|(i, s)| s.as_ref().map(|s| (FenceIdx(i as u32), &s.fence)))
     }
 
+    /// Size of the point grid that answers point queries (built now if a change dropped it):
+    /// `(cells, records, heap bytes)` over all its levels, records counting pending and killed
+    /// ones. For memory accounting and benchmarks.
+    pub fn point_grid_size(&self) -> (usize, usize, usize) {
+        let mut g = Some(self.grid());
+        let (mut cells, mut recs, mut bytes) = (0, 0, 0);
+        while let Some(l) = g {
+            let n = l.recs.len() + l.big.len() + l.pending.len();
+            cells += l.nx * l.ny;
+            recs += n;
+            bytes += l.offs.len() * 4
+                + n * std::mem::size_of::<Rec>()
+                + l.geoms.len() * std::mem::size_of::<Geom>();
+            g = l.next.as_deref();
+        }
+        (cells, recs, bytes)
+    }
+
     /// Number of envelopes in the R-tree (one per polygon part; one or two per circle).
     pub fn envelope_count(&self) -> usize {
         self.tree.size()
