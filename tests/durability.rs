@@ -434,3 +434,75 @@ async fn a_full_disk_answers_503_loses_nothing_acknowledged_and_recovers() {
     let report = geodwell::store::check(&dir).expect("the store checks clean after recovery");
     assert!(report.is_ok(), "{report}");
 }
+
+/// Measures the `async` durability loss window: acknowledged fixes lost by a `kill -9`. Not a
+/// pass/fail test (run with `cargo test --release --test durability -- --ignored --nocapture`);
+/// the figures are recorded in docs/store.md.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "measurement, not a check"]
+async fn measure_async_loss_window() {
+    let http = reqwest::Client::new();
+    for round in 0..3 {
+        let dir = temp_dir("async-loss");
+        let (mut child, base) = spawn_bin(&dir, &[]);
+        // spawn_bin starts in sync mode; restart in async mode on the same dir.
+        let _ = child.kill();
+        let _ = child.wait();
+        let mut child = Command::new(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0", "--clock", "event", "--lateness", "0s"])
+            .arg("--data-dir")
+            .arg(&dir)
+            .env("GEODWELL_FENCES_FILE", "")
+            .env("GEODWELL_DURABILITY", "async")
+            .env("GEODWELL_COMMIT_INTERVAL", "100ms")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let addr = loop {
+            let line = lines.next().unwrap().unwrap();
+            if let Some(rest) = line.split("addr=").nth(1) {
+                break rest.split_whitespace().next().unwrap().to_string();
+            }
+        };
+        std::thread::spawn(move || for _ in lines {});
+        let _ = base;
+        let base = format!("http://{addr}");
+        let started = std::time::Instant::now();
+        let mut acked: Vec<(usize, std::time::Instant)> = Vec::new();
+        let mut i = 0usize;
+        while started.elapsed() < Duration::from_millis(1500 + 137 * round) {
+            let batch: Vec<Value> = (0..100).map(|k| fix(&format!("a{i}-{k}"), i as i64, true)).collect();
+            let r = http.post(format!("{base}/v1/fixes")).json(&batch).send().await.unwrap();
+            if r.status() == 200 {
+                acked.push((i, std::time::Instant::now()));
+            }
+            i += 1;
+        }
+        let killed = std::time::Instant::now();
+        let _ = Command::new("kill").args(["-9", &child.id().to_string()]).status();
+        let _ = child.wait();
+        let (mut child, base) = spawn_bin(&dir, &[]);
+        let mut lost = 0;
+        let mut oldest_lost: Option<Duration> = None;
+        for (b, at) in &acked {
+            let (s, _) = {
+                let r = http.get(format!("{base}/v1/devices/a{b}-0")).send().await.unwrap();
+                (r.status().as_u16(), ())
+            };
+            if s != 200 {
+                lost += 100;
+                let age = killed.duration_since(*at);
+                oldest_lost = Some(oldest_lost.map_or(age, |o: Duration| o.max(age)));
+            }
+        }
+        eprintln!(
+            "round {round}: {} fixes acknowledged, {lost} lost by kill -9; oldest lost ack was {:?} before the kill",
+            acked.len() * 100,
+            oldest_lost
+        );
+        let _ = child.kill();
+        let _ = child.wait();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
