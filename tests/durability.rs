@@ -449,7 +449,15 @@ async fn measure_async_loss_window() {
         let _ = child.kill();
         let _ = child.wait();
         let mut child = Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0", "--clock", "event", "--lateness", "0s"])
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--clock",
+                "event",
+                "--lateness",
+                "0s",
+            ])
             .arg("--data-dir")
             .arg(&dir)
             .env("GEODWELL_FENCES_FILE", "")
@@ -472,22 +480,35 @@ async fn measure_async_loss_window() {
         let mut acked: Vec<(usize, std::time::Instant)> = Vec::new();
         let mut i = 0usize;
         while started.elapsed() < Duration::from_millis(1500 + 137 * round) {
-            let batch: Vec<Value> = (0..100).map(|k| fix(&format!("a{i}-{k}"), i as i64, true)).collect();
-            let r = http.post(format!("{base}/v1/fixes")).json(&batch).send().await.unwrap();
+            let batch: Vec<Value> = (0..100)
+                .map(|k| fix(&format!("a{i}-{k}"), i as i64, true))
+                .collect();
+            let r = http
+                .post(format!("{base}/v1/fixes"))
+                .json(&batch)
+                .send()
+                .await
+                .unwrap();
             if r.status() == 200 {
                 acked.push((i, std::time::Instant::now()));
             }
             i += 1;
         }
         let killed = std::time::Instant::now();
-        let _ = Command::new("kill").args(["-9", &child.id().to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-9", &child.id().to_string()])
+            .status();
         let _ = child.wait();
         let (mut child, base) = spawn_bin(&dir, &[]);
         let mut lost = 0;
         let mut oldest_lost: Option<Duration> = None;
         for (b, at) in &acked {
             let (s, _) = {
-                let r = http.get(format!("{base}/v1/devices/a{b}-0")).send().await.unwrap();
+                let r = http
+                    .get(format!("{base}/v1/devices/a{b}-0"))
+                    .send()
+                    .await
+                    .unwrap();
                 (r.status().as_u16(), ())
             };
             if s != 200 {
