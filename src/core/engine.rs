@@ -508,6 +508,8 @@ impl Engine {
             self.wheel = Wheel::new(self.clock.completed_tick(w));
         }
         let mut r = Restored::default();
+        self.devices.reserve(devices.len());
+        self.device_ids.reserve(devices.len());
         for st in devices {
             let id: Arc<str> = Arc::from(st.id.as_str());
             let d = self.device_slot(&id);

@@ -274,7 +274,15 @@ fn commit(
         // Both modes commit with fsync: `async` only changes *when* (every commit_interval,
         // answering before the commit); a commit without fsync would not survive a crash.
         let _ = durability;
-        let res = store.commit(&p.batch, Durability::Sync);
+        // The commit (B-tree writes + fsync) blocks: let the runtime move other tasks off this
+        // worker meanwhile (a current-thread runtime, e.g. in unit tests, just runs it).
+        let multi = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        let res = if multi {
+            tokio::task::block_in_place(|| store.commit(&p.batch, Durability::Sync))
+        } else {
+            store.commit(&p.batch, Durability::Sync)
+        };
         histogram!(t::STORE_COMMIT_SECONDS).record(started.elapsed().as_secs_f64());
         *last_commit = Instant::now();
         if let Err(e) = res {

@@ -189,9 +189,10 @@ const OFFS_MASK: u32 = (1 << STATE_SHIFT) - 1;
 /// which is `state(t)`. A point on the boundary is on an edge filed in its own cell, which is
 /// tested in full, so boundary points are found as in the plain scan.
 ///
-/// Each cell entry carries the edge's latitude range rounded outward to `f32` ([`EdgeRef`]); the
-/// walk skips entries whose range misses the fix's latitude before reading coordinates. Such an
-/// edge is a `Miss` for the fix whatever the rest of the test says, so the answer is unchanged.
+/// Each cell entry carries the edge's latitude range within the cell's row, rounded outward to
+/// 16 bits ([`EdgeRef`], [`Grid::row_frac`]); the walk skips entries whose range misses the
+/// fix's latitude before reading coordinates. Such an edge is a `Miss` for the fix whatever the
+/// rest of the test says, so the answer is unchanged.
 #[derive(Clone)]
 struct Grid {
     x0: f64,
@@ -207,14 +208,16 @@ struct Grid {
     edges: Vec<EdgeRef>,
 }
 
-/// One edge as filed in a grid cell: its start index and its exact latitude range rounded
-/// outward to `f32`, so the walk skips an edge that cannot straddle or touch the fix's latitude
-/// without reading its coordinates (`edge_hit` would return `Miss` for it).
+/// One edge as filed in a grid cell (8 bytes): its start index and its latitude range in the
+/// cell's row, `qlo = floor(row_frac(ylo))`, `qhi = ceil(row_frac(yhi))`. The walk skips an
+/// edge when `row_frac(py) < qlo` or `> qhi`: `row_frac` is monotone, so then `py < ylo` or
+/// `py > yhi`, and the edge can neither straddle nor touch the fix's latitude (`edge_hit` would
+/// return `Miss`), all without reading its coordinates.
 #[derive(Clone, Copy, Debug)]
 struct EdgeRef {
     j: u32,
-    ylo: f32,
-    yhi: f32,
+    qlo: u16,
+    qhi: u16,
 }
 
 /// Largest `f32` not above `x`.
@@ -250,6 +253,14 @@ impl Grid {
         } else {
             0
         }
+    }
+
+    /// Latitude `y` as a position within row `r` on a 16-bit scale, clamped to `[0, 65535]`.
+    /// Monotone in `y`: the steps of `row_of` (correctly rounded subtraction and
+    /// multiplication), a correctly rounded subtraction, an exact scaling by 2^16, a clamp.
+    #[inline(always)]
+    fn row_frac(&self, y: f64, r: usize) -> f64 {
+        (((y - self.y0) * self.inv_h - r as f64) * 65536.0).clamp(0.0, 65535.0)
     }
 
     /// Cell `k`'s state and edges: one lookup in `offs`, whose top bits hold the state so the
@@ -496,8 +507,8 @@ impl PolyPart {
             g.edges = vec![
                 EdgeRef {
                     j: 0,
-                    ylo: 0.0,
-                    yhi: 0.0
+                    qlo: 0,
+                    qhi: 0
                 };
                 acc as usize
             ];
@@ -506,11 +517,14 @@ impl PolyPart {
                 let eb = self.edge_box(j);
                 let (c0, r0, c1, r1) = self.edge_cells(&g, j);
                 for r in r0..=r1 {
+                    // In [0, 65535] already: the casts are exact.
+                    let qlo = g.row_frac(eb[1], r).floor() as u16;
+                    let qhi = g.row_frac(eb[3], r).ceil() as u16;
                     for f in &mut fill[r * nx + c0..=r * nx + c1] {
                         g.edges[*f as usize] = EdgeRef {
                             j: j as u32,
-                            ylo: f32_down(eb[1]),
-                            yhi: f32_up(eb[3]),
+                            qlo,
+                            qhi,
                         };
                         *f += 1;
                     }
@@ -615,6 +629,7 @@ impl PolyPart {
         let (r, c) = (g.row_of(py), g.col_of(px));
         let row = r * g.nx;
         let pts = self.pts();
+        let qp = g.row_frac(py, r);
         let mut inside = false;
         for cc in c..g.nx {
             let (state, edges) = g.cell(row + cc);
@@ -625,7 +640,7 @@ impl PolyPart {
             }
             for e in edges {
                 // Exact skip: outside the edge's latitude range `edge_hit` is a miss.
-                if py < f64::from(e.ylo) || py > f64::from(e.yhi) {
+                if qp < f64::from(e.qlo) || qp > f64::from(e.qhi) {
                     continue;
                 }
                 let j = e.j as usize;

@@ -475,7 +475,7 @@ const MAX_BIG_LIST: usize = 32;
 /// entries go to `pending`, scanned on every query. After [`MAX_PENDING`] additions, or when
 /// killed records exceed an eighth of the filed ones, the index drops the grid and the next
 /// query rebuilds it (`O(entries x cells per entry)`: about 1 ms for 10,000 small fences, so
-/// about 15 µs per change amortized).
+/// about 12 µs per change amortized).
 #[derive(Clone)]
 pub(crate) struct PointGrid {
     x0: f64,

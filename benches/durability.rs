@@ -1,0 +1,1221 @@
+//! Durability benchmark (harness = false): warm start from the redb store, and ingest throughput
+//! with `durability = "sync"` vs `"async"` vs `"none"`, in one run.
+//!
+//! `cargo bench --bench durability [-- --pairs N --fixes N --batch N --clients N --rounds N
+//! --more-clients N --only warm|ingest]`. Unknown arguments (cargo passes `--bench`) are ignored.
+//!
+//! 1. **Warm start** (`--pairs`, default 1,900,000 live pairs): deterministic state is built by
+//!    running one fix per device through a real [`Engine`] (xorshift PRNG, no files): about
+//!    `pairs / 1.9` devices spread over clusters of three overlapping fences (a 300 m square, a
+//!    120 m circle and a 160 m square, dwell thresholds 10 min and 1 h), each device inside 0
+//!    (5%), 1 (30%), 2 (35%) or 3 (30%) of them, every visit open with both thresholds pending;
+//!    1% of the devices also hold a fix in their reorder buffer. The exported state, the fences,
+//!    the last `log_capacity` ENTER events and the meta values are written to a fresh store with
+//!    `Store::commit` (50k devices per commit), and everything is dropped. Then the warm start is
+//!    timed phase by phase exactly as `geodwell::run` does it: `Store::open`, `Store::load`, parse
+//!    the fences, parse the events tail into the event log, route devices with `shard_of`, build
+//!    one engine per shard (fences + `Engine::restore`). Three variants: page cache dropped for the
+//!    store file (`dd iflag=nocache`), warm page cache (what `run` does: shards one after the
+//!    other), and shards restored on parallel threads (what-if). After the warm sequential
+//!    variant the watermark is advanced past every 10 min deadline to check that each restored
+//!    pair fires its DWELL exactly once (not timed).
+//! 2. **Ingest**: the real server in-process (`geodwell::start`, event clock, 2 shards on this
+//!    machine), a few fences PUT over HTTP, then `--fixes` fixes (default 200,000) in NDJSON
+//!    batches of `--batch` (1,000) from `--clients` (4) concurrent reqwest tasks in the same
+//!    tokio runtime (client and server share the cores), per mode, `--rounds` (2) times in
+//!    alternating order, then once per mode with `--more-clients` (16; 0 = skip) clients as a
+//!    what-if. Reports accepted fixes/s, request latency p50/p99, store commits (from
+//!    `/metrics`) and CPU use: cores used by this process and by every other process on the
+//!    machine (from `/proc`), since other work on the shared cores skews every figure.
+//!
+//! Prints markdown tables and writes `target/bench/durability.json`. See
+//! `docs/bench-durability.md`.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use geodwell::config::Config;
+use geodwell::core::engine::{DeviceState, Engine, EngineConfig, Restored};
+use geodwell::core::event::Event;
+use geodwell::core::fences::{Fence, FenceSettings, parse_fences_str};
+use geodwell::core::fix::Fix;
+use geodwell::core::time::{Dur, Ts};
+use geodwell::events::{EventLog, LoggedEvent};
+use geodwell::ingest::shard_of;
+use geodwell::store::{Batch, Durability, FILE_NAME, Store};
+use serde_json::{Value, json};
+
+/// 2026-01-01T00:00:00Z.
+const T0: i64 = 1_767_225_600_000;
+/// Event-time window over which the warm-start devices send their one fix.
+const WINDOW_MS: i64 = 300_000;
+const M_PER_DEG: f64 = Fence::M_PER_DEG;
+const DEVICES_PER_COMMIT: usize = 50_000;
+const GOAL_WARM_S: f64 = 3.0;
+
+/// xorshift64* PRNG: deterministic, dependency-free.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in [0, 1).
+    fn f(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn range(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * self.f()
+    }
+}
+
+struct Args {
+    pairs: usize,
+    fixes: usize,
+    batch: usize,
+    clients: usize,
+    rounds: usize,
+    /// Clients of the extra scaling run per mode (0 = none).
+    more_clients: usize,
+    only: Option<String>,
+}
+
+fn parse_args() -> Args {
+    let mut a = Args {
+        pairs: 1_900_000,
+        fixes: 200_000,
+        batch: 1_000,
+        clients: 4,
+        rounds: 2,
+        more_clients: 16,
+        only: None,
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < argv.len() {
+        let val = argv.get(i + 1);
+        let num = val.and_then(|v| v.replace('_', "").parse::<usize>().ok());
+        let slot = match argv[i].as_str() {
+            "--pairs" => Some(&mut a.pairs),
+            "--fixes" => Some(&mut a.fixes),
+            "--batch" => Some(&mut a.batch),
+            "--clients" => Some(&mut a.clients),
+            "--rounds" => Some(&mut a.rounds),
+            "--more-clients" => Some(&mut a.more_clients),
+            "--only" => {
+                if let Some(v) = val {
+                    a.only = Some(v.clone());
+                    i += 1;
+                }
+                None
+            }
+            _ => None,
+        };
+        if let (Some(slot), Some(n)) = (slot, num) {
+            *slot = n;
+            i += 1;
+        }
+        i += 1;
+    }
+    for v in [
+        &mut a.pairs,
+        &mut a.fixes,
+        &mut a.batch,
+        &mut a.clients,
+        &mut a.rounds,
+    ] {
+        *v = (*v).max(1);
+    }
+    a
+}
+
+/// A directory removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let d = std::env::temp_dir().join(format!(
+            "geodwell-bench-{tag}-{}-{nanos}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        TempDir(d)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// User + system CPU seconds of this process so far (Linux `/proc/self/stat`, 100 Hz ticks).
+fn cpu_secs() -> f64 {
+    let Ok(s) = std::fs::read_to_string("/proc/self/stat") else {
+        return f64::NAN;
+    };
+    let Some(rest) = s.rsplit_once(')').map(|(_, r)| r) else {
+        return f64::NAN;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (tick(11) + tick(12)) / 100.0
+}
+
+/// Busy CPU seconds of the whole machine so far (`/proc/stat`: all but idle and iowait).
+fn machine_busy_secs() -> f64 {
+    let Ok(s) = std::fs::read_to_string("/proc/stat") else {
+        return f64::NAN;
+    };
+    let v: Vec<f64> = s
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let idle = v.get(3).copied().unwrap_or(0.0) + v.get(4).copied().unwrap_or(0.0);
+    (v.iter().sum::<f64>() - idle) / 100.0
+}
+
+/// CPU use over an interval: this process, and every other process on the machine (which
+/// competes for the same cores: builds and tests of other sessions).
+#[derive(Debug, Clone, Copy)]
+struct CpuProbe {
+    ours: f64,
+    machine: f64,
+    at: Instant,
+}
+
+impl CpuProbe {
+    fn start() -> CpuProbe {
+        CpuProbe {
+            ours: cpu_secs(),
+            machine: machine_busy_secs(),
+            at: Instant::now(),
+        }
+    }
+    /// (cores used by this process, cores used by other processes), averaged over the interval.
+    fn cores(&self) -> (f64, f64) {
+        let wall = self.at.elapsed().as_secs_f64();
+        let ours = cpu_secs() - self.ours;
+        let all = machine_busy_secs() - self.machine;
+        (ours / wall, ((all - ours) / wall).max(0.0))
+    }
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn load_config(extra: &str, cores: usize) -> Config {
+    let text = format!("[server]\nlisten = \"127.0.0.1:0\"\n[fences]\nfences_file = \"\"\n{extra}");
+    Config::load(Some(("bench", &text)), &BTreeMap::new(), cores).expect("bench config is valid")
+}
+
+fn ms(d: f64) -> String {
+    format!("{:.0} ms", d * 1e3)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Part 1: warm start
+// ---------------------------------------------------------------------------------------------
+
+/// Offsets in metres from a cluster centre to degrees at latitude `lat`.
+fn offset(lon: f64, lat: f64, dx_m: f64, dy_m: f64) -> (f64, f64) {
+    let kx = M_PER_DEG * lat.to_radians().cos();
+    (lon + dx_m / kx, lat + dy_m / M_PER_DEG)
+}
+
+fn square(
+    id: &str,
+    lon: f64,
+    lat: f64,
+    half_m: f64,
+    settings: &FenceSettings,
+    limits: &geodwell::core::fences::FenceLimits,
+) -> Fence {
+    let (w, s) = offset(lon, lat, -half_m, -half_m);
+    let (e, n) = offset(lon, lat, half_m, half_m);
+    let ring = vec![[w, s], [e, s], [e, n], [w, n], [w, s]];
+    Fence::new_polygon(id, &[vec![ring]], settings.clone(), limits).expect("square is valid")
+}
+
+/// Three overlapping fences per cluster: A, a 300 m square at the centre; B, a 120 m circle
+/// 90 m east; C, a 160 m square 30 m east and 70 m north.
+fn cluster_fences(clusters: usize, limits: &geodwell::core::fences::FenceLimits) -> Vec<Fence> {
+    let mut out = Vec::with_capacity(clusters * 3);
+    for c in 0..clusters {
+        let (lon, lat) = cluster_centre(c);
+        let settings = FenceSettings {
+            dwell: vec![Dur::from_mins(10), Dur::from_mins(60)],
+            tags: json!({"kind": "site", "cluster": c}),
+            ..FenceSettings::default()
+        };
+        out.push(square(
+            &format!("site-{c:05}-a"),
+            lon,
+            lat,
+            150.0,
+            &settings,
+            limits,
+        ));
+        let (blon, blat) = offset(lon, lat, 90.0, 0.0);
+        out.push(
+            Fence::new_circle(
+                &format!("site-{c:05}-b"),
+                blon,
+                blat,
+                120.0,
+                settings.clone(),
+                limits,
+            )
+            .expect("circle is valid"),
+        );
+        let (clon, clat) = offset(lon, lat, 30.0, 70.0);
+        out.push(square(
+            &format!("site-{c:05}-c"),
+            clon,
+            clat,
+            80.0,
+            &settings,
+            limits,
+        ));
+    }
+    out
+}
+
+fn cluster_centre(c: usize) -> (f64, f64) {
+    (10.0 + (c % 60) as f64 * 0.03, 48.0 + (c / 60) as f64 * 0.02)
+}
+
+struct Built {
+    devices: Vec<DeviceState>,
+    fences: Vec<Fence>,
+    events: Vec<Event>,
+    next_seq: u64,
+    watermark: i64,
+    pairs: u64,
+    buffered: u64,
+    secs: f64,
+}
+
+/// Runs one fix per device through a real engine and exports the state.
+fn build_state(target_pairs: usize, cfg: &Config) -> Built {
+    let t = Instant::now();
+    let limits = geodwell::fence_limits(cfg);
+    let n = (target_pairs as u64 * 100 / 190).max(1) as usize;
+    let clusters = n.div_ceil(333).max(1);
+    let fences = cluster_fences(clusters, &limits);
+    let mut engine = Engine::new(EngineConfig {
+        tick: cfg.tick,
+        ..EngineConfig::default()
+    });
+    let mut sink = Vec::new();
+    for f in &fences {
+        engine.upsert_fence(Arc::new(f.clone()), &mut sink);
+    }
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut tail: VecDeque<Event> = VecDeque::with_capacity(cfg.log_capacity + 1);
+    let mut out = Vec::new();
+    let mut keep = |engine: &mut Engine, out: &mut Vec<Event>| {
+        engine.stamp(out);
+        for e in out.drain(..) {
+            tail.push_back(e);
+            if tail.len() > cfg.log_capacity {
+                tail.pop_front();
+            }
+        }
+    };
+    let mut positions = Vec::with_capacity(n);
+    for i in 0..n {
+        let c = (rng.next() % clusters as u64) as usize;
+        let class = match rng.f() {
+            x if x < 0.05 => 0,
+            x if x < 0.35 => 1,
+            x if x < 0.70 => 2,
+            _ => 3,
+        };
+        let (clon, clat) = cluster_centre(c);
+        let cf = &fences[3 * c..3 * c + 3];
+        let (lon, lat) = loop {
+            let (bx, by) = if class == 0 {
+                ((-240.0, 240.0), (-240.0, 240.0))
+            } else {
+                ((-150.0, 210.0), (-150.0, 150.0))
+            };
+            let (dx, dy) = (rng.range(bx.0, bx.1), rng.range(by.0, by.1));
+            let (lon, lat) = offset(clon, clat, dx, dy);
+            if cf.iter().filter(|f| f.contains(lon, lat)).count() == class {
+                break (lon, lat);
+            }
+        };
+        positions.push((lon, lat));
+        let ts = Ts(T0 + i as i64 * WINDOW_MS / n as i64);
+        let fix = Fix {
+            device: Arc::from(format!("device-{i:07}")),
+            ts,
+            lat,
+            lon,
+            accuracy: Some(10.0),
+        };
+        engine.ingest(&fix, ts, &mut out).expect("fix is taken");
+        keep(&mut engine, &mut out);
+    }
+    let w = T0 + WINDOW_MS;
+    engine.advance(Ts(w), &mut out);
+    keep(&mut engine, &mut out);
+    // 1% of the devices have a later fix waiting in their reorder buffer.
+    for (i, &(lon, lat)) in positions.iter().enumerate().step_by(100) {
+        let fix = Fix {
+            device: Arc::from(format!("device-{i:07}")),
+            ts: Ts(w + 1 + (i as i64 % 1_999)),
+            lat,
+            lon,
+            accuracy: Some(10.0),
+        };
+        engine.ingest(&fix, Ts(w), &mut out).expect("fix is taken");
+        keep(&mut engine, &mut out);
+    }
+    let stats = engine.stats();
+    let next_seq = tail.back().map_or(1, |e| e.seq + 1);
+    let devices = engine.export();
+    Built {
+        devices,
+        fences,
+        events: tail.into_iter().collect(),
+        next_seq,
+        watermark: w,
+        pairs: stats.pairs,
+        buffered: stats.buffered,
+        secs: t.elapsed().as_secs_f64(),
+    }
+}
+
+/// Writes the built state to a fresh store; returns seconds taken.
+fn write_store(dir: &Path, b: Built, cfg: &Config) -> f64 {
+    let t = Instant::now();
+    let store = Store::open(dir).expect("store opens");
+    let fences_put = b
+        .fences
+        .iter()
+        .map(|f| {
+            (
+                f.id.to_string(),
+                serde_json::to_string(&f.to_feature()).expect("feature serializes"),
+            )
+        })
+        .collect();
+    store
+        .commit(
+            &Batch {
+                fences_put,
+                ..Batch::default()
+            },
+            Durability::Async,
+        )
+        .expect("fences commit");
+    let mut it = b.devices.into_iter();
+    loop {
+        let chunk: Vec<DeviceState> = it.by_ref().take(DEVICES_PER_COMMIT).collect();
+        if chunk.is_empty() {
+            break;
+        }
+        store
+            .commit(
+                &Batch {
+                    devices_put: chunk,
+                    ..Batch::default()
+                },
+                Durability::Async,
+            )
+            .expect("devices commit");
+    }
+    let emitted = Some(Ts(b.watermark));
+    let events = b
+        .events
+        .into_iter()
+        .map(|mut e| {
+            e.emitted_at = emitted;
+            let json: Arc<str> = serde_json::to_string(&e).expect("event serializes").into();
+            (e.seq, json)
+        })
+        .collect();
+    store
+        .commit(
+            &Batch {
+                events,
+                watermark: Some(b.watermark),
+                max_seen: Some(b.watermark + cfg.lateness.0),
+                next_seq: Some(b.next_seq),
+                ..Batch::default()
+            },
+            Durability::Sync,
+        )
+        .expect("final commit");
+    drop(store);
+    t.elapsed().as_secs_f64()
+}
+
+#[derive(Debug, Clone, Default)]
+struct Warm {
+    variant: &'static str,
+    open: f64,
+    load: f64,
+    fences: f64,
+    events: f64,
+    route: f64,
+    restore: Vec<f64>,
+    restore_wall: f64,
+    total: f64,
+    restored: Restored,
+    fence_count: usize,
+    event_count: usize,
+    timers: u64,
+    dwell_check: Option<(u64, u64)>,
+    /// (cores used by this process, by other processes) during the timed warm start.
+    cpu: (f64, f64),
+}
+
+/// One warm start, phase by phase as `geodwell::run` does it.
+fn warm_start(
+    dir: &Path,
+    cfg: &Config,
+    variant: &'static str,
+    parallel: bool,
+    check: bool,
+) -> Warm {
+    let mut r = Warm {
+        variant,
+        ..Warm::default()
+    };
+    let probe = CpuProbe::start();
+    let t = Instant::now();
+    let mut lap = {
+        let mut last = Instant::now();
+        move || {
+            let now = Instant::now();
+            let d = now.duration_since(last).as_secs_f64();
+            last = now;
+            d
+        }
+    };
+    let store = Store::open(dir).expect("store opens");
+    r.open = lap();
+    let snap = store.load(cfg.log_capacity).expect("store loads");
+    r.load = lap();
+    let limits = geodwell::fence_limits(cfg);
+    let mut fences = Vec::with_capacity(snap.fences.len());
+    for text in &snap.fences {
+        let parsed = parse_fences_str(text, &limits).expect("stored fence parses");
+        fences.extend(parsed.into_iter().map(Arc::new));
+    }
+    r.fence_count = fences.len();
+    r.fences = lap();
+    let log = EventLog::new(
+        cfg.log_capacity,
+        cfg.log_max_age,
+        snap.events.first().map_or(snap.next_seq, |(s, _)| *s),
+    );
+    let events: Vec<Arc<LoggedEvent>> = snap
+        .events
+        .into_iter()
+        .map(|(_, json)| {
+            let event: Event = serde_json::from_str(&json).expect("stored event parses");
+            Arc::new(LoggedEvent {
+                event,
+                json: json.into(),
+            })
+        })
+        .collect();
+    r.event_count = events.len();
+    log.append_stamped(events);
+    assert_eq!(log.next_seq(), snap.next_seq, "event tail ends at next_seq");
+    r.events = lap();
+    let shards = cfg.shards;
+    let mut per_shard: Vec<Vec<DeviceState>> = (0..shards).map(|_| Vec::new()).collect();
+    for d in snap.devices {
+        per_shard[shard_of(&d.id, shards)].push(d);
+    }
+    r.route = lap();
+    let w = snap.watermark.map(Ts);
+    let engine_cfg = EngineConfig {
+        tick: cfg.tick,
+        max_fires_per_advance: cfg.max_fires_per_tick,
+        max_buffered_per_device: cfg.max_buffered_per_device,
+        track_dirty: true,
+    };
+    let build = |devices: Vec<DeviceState>| -> (Engine, Restored, f64) {
+        let t = Instant::now();
+        let mut e = Engine::new(engine_cfg.clone());
+        let mut sink = Vec::new();
+        for f in &fences {
+            e.upsert_fence(f.clone(), &mut sink);
+        }
+        let restored = e.restore(devices, w).expect("restore");
+        (e, restored, t.elapsed().as_secs_f64())
+    };
+    let build = &build;
+    let engines: Vec<(Engine, Restored, f64)> = if parallel {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = per_shard
+                .into_iter()
+                .map(|d| s.spawn(move || build(d)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("restore thread"))
+                .collect()
+        })
+    } else {
+        per_shard.into_iter().map(build).collect()
+    };
+    r.restore_wall = lap();
+    r.total = t.elapsed().as_secs_f64();
+    r.cpu = probe.cores();
+    for (e, x, secs) in &engines {
+        r.restore.push(*secs);
+        r.restored.devices += x.devices;
+        r.restored.pairs += x.pairs;
+        r.restored.dropped_pairs += x.dropped_pairs;
+        r.restored.buffered += x.buffered;
+        let ws = e.stats().wheel;
+        r.timers += ws.entries - ws.tombstones;
+    }
+    if check && let Some(w) = w {
+        // Every 10 min deadline is at most WINDOW_MS + 10 min after T0; the 1 h ones are later.
+        let target = Ts(w.0 + 600_000 + 2_000);
+        let mut dwells = 0u64;
+        let mut out = Vec::new();
+        let mut engines = engines;
+        for (e, _, _) in &mut engines {
+            loop {
+                let a = e.advance(target, &mut out);
+                dwells += out.iter().filter(|ev| ev.dwell_s.is_some()).count() as u64;
+                out.clear();
+                if !a.carried {
+                    break;
+                }
+            }
+        }
+        r.dwell_check = Some((dwells, r.restored.pairs));
+    }
+    r
+}
+
+fn drop_page_cache(file: &Path) -> bool {
+    std::process::Command::new("dd")
+        .arg(format!("if={}", file.display()))
+        .args(["iflag=nocache", "count=0", "status=none"])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn print_warm(rows: &[Warm]) {
+    println!(
+        "| variant | open | load | parse fences | events tail | route | restore (per shard) | total | goal <= 3 s | cores: ours / other procs |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---|---:|---|---|");
+    for r in rows {
+        let per: Vec<String> = r.restore.iter().map(|s| ms(*s)).collect();
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} wall ({}) | **{}** | {} | {:.2} / {:.2} |",
+            r.variant,
+            ms(r.open),
+            ms(r.load),
+            ms(r.fences),
+            ms(r.events),
+            ms(r.route),
+            ms(r.restore_wall),
+            per.join(" + "),
+            ms(r.total),
+            if r.total <= GOAL_WARM_S {
+                "met"
+            } else {
+                "MISSED"
+            },
+            r.cpu.0,
+            r.cpu.1
+        );
+    }
+}
+
+fn warm_json(r: &Warm) -> Value {
+    json!({
+        "variant": r.variant, "open_s": r.open, "load_s": r.load, "parse_fences_s": r.fences,
+        "events_tail_s": r.events, "route_s": r.route, "restore_wall_s": r.restore_wall,
+        "restore_per_shard_s": r.restore, "total_s": r.total, "devices": r.restored.devices,
+        "pairs": r.restored.pairs, "dropped_pairs": r.restored.dropped_pairs,
+        "buffered_fixes": r.restored.buffered, "fences": r.fence_count, "events": r.event_count,
+        "wheel_live_timers": r.timers,
+        "cores_ours": r.cpu.0, "cores_other_processes": r.cpu.1,
+        "dwell_check": r.dwell_check.map(|(fired, pairs)| json!({"dwell_10m_fired": fired, "pairs": pairs})),
+    })
+}
+
+fn part_warm(args: &Args, cores: usize) -> (Value, bool) {
+    let cfg = load_config("", cores);
+    println!(
+        "\n## Warm start ({} target pairs, {} shards, log_capacity {})\n",
+        args.pairs, cfg.shards, cfg.log_capacity
+    );
+    let built = build_state(args.pairs, &cfg);
+    let (devices, pairs, buffered, fences, events) = (
+        built.devices.len(),
+        built.pairs,
+        built.buffered,
+        built.fences.len(),
+        built.events.len(),
+    );
+    let build_s = built.secs;
+    println!(
+        "built: {devices} devices, {pairs} live pairs, {buffered} buffered fixes, {fences} fences, \
+         {events} events in the tail, in {build_s:.1} s (engine ingest + export, not timed below)"
+    );
+    let dir = TempDir::new("warm");
+    let write_s = write_store(&dir.0, built, &cfg);
+    let file = dir.0.join(FILE_NAME);
+    let bytes = std::fs::metadata(&file).map_or(0, |m| m.len());
+    println!(
+        "wrote the store in {write_s:.1} s ({} devices per commit): {:.1} MB ({:.0} bytes per device)\n",
+        DEVICES_PER_COMMIT,
+        bytes as f64 / 1e6,
+        bytes as f64 / devices.max(1) as f64
+    );
+    let mut rows = Vec::new();
+    let cold_ok = drop_page_cache(&file);
+    rows.push(warm_start(
+        &dir.0,
+        &cfg,
+        if cold_ok {
+            "store file not in page cache, sequential"
+        } else {
+            "page cache (dd nocache failed), sequential"
+        },
+        false,
+        false,
+    ));
+    rows.push(warm_start(
+        &dir.0,
+        &cfg,
+        "page cache warm, sequential (= geodwell::run)",
+        false,
+        true,
+    ));
+    rows.push(warm_start(
+        &dir.0,
+        &cfg,
+        "page cache warm, shards restored in parallel (what-if)",
+        true,
+        false,
+    ));
+    print_warm(&rows);
+    let main = &rows[1];
+    println!(
+        "\nrestored {} devices, {} pairs ({} dropped), {} buffered fixes, {} fences, {} events; \
+         wheel live timers after restore: {} (sum over {} shards)",
+        main.restored.devices,
+        main.restored.pairs,
+        main.restored.dropped_pairs,
+        main.restored.buffered,
+        main.fence_count,
+        main.event_count,
+        main.timers,
+        cfg.shards
+    );
+    let mut ok = main.restored.pairs == pairs && main.restored.dropped_pairs == 0;
+    if let Some((fired, p)) = main.dwell_check {
+        println!(
+            "check: advancing the restored engines past every 10 min deadline fired {fired} DWELL \
+             events for {p} pairs ({})",
+            if fired == p { "ok" } else { "MISMATCH" }
+        );
+        ok &= fired == p;
+    }
+    let j = json!({
+        "target_pairs": args.pairs, "devices": devices, "pairs": pairs, "buffered_fixes": buffered,
+        "fences": fences, "events_tail": events, "shards": cfg.shards, "build_s": build_s,
+        "write_s": write_s, "devices_per_commit": DEVICES_PER_COMMIT, "store_file_bytes": bytes,
+        "goal_total_s": GOAL_WARM_S,
+        "runs": rows.iter().map(warm_json).collect::<Vec<_>>(),
+    });
+    (j, ok)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Part 2: ingest throughput per durability mode
+// ---------------------------------------------------------------------------------------------
+
+const INGEST_FENCES: usize = 50;
+
+fn ingest_fence_centre(h: usize) -> (f64, f64) {
+    (10.0 + (h % 10) as f64 * 0.05, 50.0 + (h / 10) as f64 * 0.05)
+}
+
+fn ingest_fences() -> Vec<(String, Value)> {
+    (0..INGEST_FENCES)
+        .map(|h| {
+            let (lon, lat) = ingest_fence_centre(h);
+            let id = format!("bench-{h:02}");
+            let (dx, dy) = (0.0015, 0.001);
+            let f = json!({
+                "type": "Feature",
+                "id": id,
+                "geometry": {"type": "Polygon", "coordinates": [[
+                    [lon - dx, lat - dy], [lon + dx, lat - dy], [lon + dx, lat + dy],
+                    [lon - dx, lat + dy], [lon - dx, lat - dy]
+                ]]},
+                "properties": {"dwell": ["30s", "2m"], "tags": {"kind": "bench"}},
+            });
+            (id, f)
+        })
+        .collect()
+}
+
+/// NDJSON bodies: fix `g` is device `g % devices` at `T0 + g` ms; a device is inside its home
+/// fence for four fixes out of five (so visits open, reach 30 s DWELL and close).
+fn ingest_bodies(fixes: usize, batch: usize) -> (Vec<Bytes>, usize) {
+    let devices = (fixes / 10).clamp(1, 20_000);
+    let bodies = (0..fixes.div_ceil(batch))
+        .map(|k| {
+            let mut s = String::with_capacity(batch * 90);
+            for g in k * batch..((k + 1) * batch).min(fixes) {
+                let d = g % devices;
+                let m = g / devices;
+                let (clon, clat) = ingest_fence_centre(d % INGEST_FENCES);
+                let jitter = ((d * 7919) % 100) as f64 * 1e-5 - 5e-4;
+                let (lon, lat) = if !(m + d).is_multiple_of(5) {
+                    (clon + jitter, clat + jitter * 0.5)
+                } else {
+                    (clon + jitter, clat + 0.01)
+                };
+                s.push_str(&format!(
+                    "{{\"device\":\"dev-{d:06}\",\"ts\":{},\"lat\":{lat:.6},\"lon\":{lon:.6}}}\n",
+                    T0 + g as i64
+                ));
+            }
+            Bytes::from(s)
+        })
+        .collect();
+    (bodies, devices)
+}
+
+#[derive(Debug, Clone, Default)]
+struct IngestRun {
+    mode: &'static str,
+    round: usize,
+    clients: usize,
+    wall_s: f64,
+    accepted: u64,
+    late: u64,
+    duplicate: u64,
+    rejected: u64,
+    retries_503: u64,
+    errors: u64,
+    latencies_ms: Vec<f64>,
+    commits: f64,
+    commit_s: f64,
+    events: f64,
+    cpu_s: f64,
+    /// Cores used by other processes during the run.
+    others: f64,
+    file_bytes: u64,
+}
+
+impl IngestRun {
+    fn rate(&self) -> f64 {
+        self.accepted as f64 / self.wall_s
+    }
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i]
+}
+
+/// Sum of the samples of a metric (any labels) in Prometheus text.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with(' ') || r.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+async fn ingest_mode(
+    mode: &'static str,
+    round: usize,
+    bodies: &Arc<Vec<Bytes>>,
+    clients: usize,
+    cores: usize,
+) -> IngestRun {
+    let dir = TempDir::new(mode);
+    let mut cfg = load_config(
+        &format!(
+            "[time]\nclock = \"event\"\nlateness = \"30s\"\n[store]\ndurability = \"{mode}\"\n"
+        ),
+        cores,
+    );
+    cfg.data_dir = dir.0.clone();
+    let running = geodwell::start(cfg).await.expect("server starts");
+    let base = format!("http://{}", running.addr);
+    let http = reqwest::Client::new();
+    for (id, f) in ingest_fences() {
+        let r = http
+            .put(format!("{base}/v1/fences/{id}"))
+            .json(&f)
+            .send()
+            .await
+            .expect("fence PUT");
+        assert!(r.status().is_success(), "fence PUT: {}", r.status());
+    }
+    let scrape = || async {
+        http.get(format!("{base}/metrics"))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .unwrap_or_default()
+    };
+    let m0 = scrape().await;
+    let next = Arc::new(AtomicUsize::new(0));
+    let cpu0 = cpu_secs();
+    let probe = CpuProbe::start();
+    let t = Instant::now();
+    let tasks: Vec<_> = (0..clients)
+        .map(|_| {
+            let (http, bodies, next) = (http.clone(), bodies.clone(), next.clone());
+            let url = format!("{base}/v1/fixes");
+            tokio::spawn(async move {
+                let mut r = IngestRun::default();
+                loop {
+                    let k = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(body) = bodies.get(k) else { break };
+                    loop {
+                        let sent = Instant::now();
+                        let resp = http
+                            .post(&url)
+                            .header("content-type", "application/x-ndjson")
+                            .body(body.clone())
+                            .send()
+                            .await;
+                        let resp = match resp {
+                            Ok(resp) => resp,
+                            Err(_) => {
+                                r.errors += 1;
+                                break;
+                            }
+                        };
+                        let status = resp.status().as_u16();
+                        let v: Value = resp.json().await.unwrap_or(Value::Null);
+                        if status == 503 {
+                            r.retries_503 += 1;
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                            continue;
+                        }
+                        if status != 200 {
+                            r.errors += 1;
+                            break;
+                        }
+                        r.latencies_ms.push(sent.elapsed().as_secs_f64() * 1e3);
+                        let n = |k: &str| v[k].as_u64().unwrap_or(0);
+                        r.accepted += n("accepted");
+                        r.late += n("late");
+                        r.duplicate += n("duplicate");
+                        r.rejected += n("rejected");
+                        break;
+                    }
+                }
+                r
+            })
+        })
+        .collect();
+    let mut run = IngestRun {
+        mode,
+        round,
+        clients,
+        ..IngestRun::default()
+    };
+    for task in tasks {
+        let r = task.await.expect("client task");
+        run.accepted += r.accepted;
+        run.late += r.late;
+        run.duplicate += r.duplicate;
+        run.rejected += r.rejected;
+        run.retries_503 += r.retries_503;
+        run.errors += r.errors;
+        run.latencies_ms.extend(r.latencies_ms);
+    }
+    run.wall_s = t.elapsed().as_secs_f64();
+    run.cpu_s = cpu_secs() - cpu0;
+    run.others = probe.cores().1;
+    let m1 = scrape().await;
+    let commits = "geodwell_store_commits_total";
+    let sum = "geodwell_store_commit_duration_seconds_sum";
+    run.commits = metric(&m1, commits) - metric(&m0, commits);
+    run.commit_s = metric(&m1, sum) - metric(&m0, sum);
+    let emitted = "geodwell_events_emitted_total";
+    run.events = metric(&m1, emitted) - metric(&m0, emitted);
+    run.latencies_ms.sort_by(f64::total_cmp);
+    running.shutdown.cancel();
+    match tokio::time::timeout(Duration::from_secs(60), running.handle).await {
+        Ok(Ok(Ok(()))) => {}
+        other => eprintln!("{mode}: server did not stop cleanly: {other:?}"),
+    }
+    run.file_bytes = std::fs::metadata(dir.0.join(FILE_NAME)).map_or(0, |m| m.len());
+    run
+}
+
+fn part_ingest(args: &Args, cores: usize) -> (Value, bool) {
+    let (bodies, devices) = ingest_bodies(args.fixes, args.batch);
+    let bodies = Arc::new(bodies);
+    let body_bytes: usize = bodies.iter().map(|b| b.len()).sum();
+    println!(
+        "\n## Ingest ({} fixes in {} NDJSON batches of {}, {} devices, {} fences, {} clients, \
+         {} rounds, {} cores shared by client and server)\n",
+        args.fixes,
+        bodies.len(),
+        args.batch,
+        devices,
+        INGEST_FENCES,
+        args.clients,
+        args.rounds,
+        cores
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cores)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let modes = ["none", "async", "sync"];
+    let mut runs = Vec::new();
+    for round in 0..args.rounds {
+        let order: Vec<&'static str> = if round % 2 == 0 {
+            modes.to_vec()
+        } else {
+            modes.iter().rev().copied().collect()
+        };
+        for mode in order {
+            let r = rt.block_on(ingest_mode(mode, round, &bodies, args.clients, cores));
+            eprintln!(
+                "  round {round} {mode}: {:.0} fixes/s, p50 {:.1} ms, p99 {:.1} ms, {} commits, {} events",
+                r.rate(),
+                pct(&r.latencies_ms, 0.5),
+                pct(&r.latencies_ms, 0.99),
+                r.commits,
+                r.events
+            );
+            runs.push(r);
+        }
+    }
+    // What-if: more concurrent clients (group commit can merge more requests per fsync).
+    let mut extra = Vec::new();
+    if args.more_clients > 0 {
+        for mode in modes {
+            let r = rt.block_on(ingest_mode(
+                mode,
+                args.rounds,
+                &bodies,
+                args.more_clients,
+                cores,
+            ));
+            eprintln!(
+                "  {} clients {mode}: {:.0} fixes/s, p50 {:.1} ms, p99 {:.1} ms, {} commits",
+                args.more_clients,
+                r.rate(),
+                pct(&r.latencies_ms, 0.5),
+                pct(&r.latencies_ms, 0.99),
+                r.commits
+            );
+            extra.push(r);
+        }
+    }
+    drop(rt);
+    println!(
+        "| durability | accepted fixes/s (per round) | vs none | request p50 | request p99 | commits | fixes per commit | mean commit | cores: ours / other procs | late / 503 / errors | store file |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|");
+    let mut summary = Vec::new();
+    let mut ok = true;
+    let rate_of = |mode: &str| -> f64 {
+        let r: Vec<f64> = runs
+            .iter()
+            .filter(|r| r.mode == mode)
+            .map(IngestRun::rate)
+            .collect();
+        r.iter().sum::<f64>() / r.len().max(1) as f64
+    };
+    let base = rate_of("none");
+    for mode in modes {
+        let rs: Vec<&IngestRun> = runs.iter().filter(|r| r.mode == mode).collect();
+        let mut lat: Vec<f64> = rs.iter().flat_map(|r| r.latencies_ms.clone()).collect();
+        lat.sort_by(f64::total_cmp);
+        let rates: Vec<String> = rs.iter().map(|r| format!("{:.0}", r.rate())).collect();
+        let mean = rate_of(mode);
+        let accepted: u64 = rs.iter().map(|r| r.accepted).sum();
+        let commits: f64 = rs.iter().map(|r| r.commits).sum();
+        let commit_s: f64 = rs.iter().map(|r| r.commit_s).sum();
+        let wall: f64 = rs.iter().map(|r| r.wall_s).sum();
+        let cpu: f64 = rs.iter().map(|r| r.cpu_s).sum();
+        let others: f64 = rs.iter().map(|r| r.others * r.wall_s).sum();
+        let late: u64 = rs.iter().map(|r| r.late).sum();
+        let retries: u64 = rs.iter().map(|r| r.retries_503).sum();
+        let errors: u64 = rs.iter().map(|r| r.errors + r.rejected).sum();
+        let file = rs.iter().map(|r| r.file_bytes).max().unwrap_or(0);
+        ok &= errors == 0 && accepted > 0;
+        println!(
+            "| {mode} | **{mean:.0}** ({}) | {:.0}% | {:.1} ms | {:.1} ms | {} | {} | {} | {:.2} / {:.2} | {late} / {retries} / {errors} | {} |",
+            rates.join(", "),
+            100.0 * mean / base,
+            pct(&lat, 0.5),
+            pct(&lat, 0.99),
+            commits,
+            if commits > 0.0 {
+                format!("{:.0}", accepted as f64 / commits)
+            } else {
+                "-".into()
+            },
+            if commits > 0.0 {
+                format!("{:.1} ms", 1e3 * commit_s / commits)
+            } else {
+                "-".into()
+            },
+            cpu / wall,
+            others / wall,
+            if file > 0 {
+                format!("{:.1} MB", file as f64 / 1e6)
+            } else {
+                "-".into()
+            }
+        );
+        summary.push(json!({
+            "mode": mode, "fixes_per_s_mean": mean,
+            "fixes_per_s_rounds": rs.iter().map(|r| r.rate()).collect::<Vec<_>>(),
+            "p50_ms": pct(&lat, 0.5), "p99_ms": pct(&lat, 0.99), "max_ms": lat.last().copied(),
+            "requests": lat.len(), "accepted": accepted, "late": late, "retries_503": retries,
+            "errors": errors, "commits": commits, "commit_seconds": commit_s,
+            "cores_ours": cpu / wall, "cores_other_processes": others / wall, "store_file_bytes": file,
+        }));
+    }
+    let (acc, evs) = runs.iter().fold((0.0, 0.0), |(a, e), r| {
+        (a + r.accepted as f64, e + r.events)
+    });
+    println!(
+        "\nevents emitted (and, with a store, committed) per accepted fix: {:.2}",
+        evs / acc.max(1.0)
+    );
+    if !extra.is_empty() {
+        println!(
+            "\nWhat-if, one run per mode with {} clients:\n",
+            args.more_clients
+        );
+        println!(
+            "| durability | clients | accepted fixes/s | request p50 | request p99 | commits | fixes per commit | mean commit | cores: ours / other procs |"
+        );
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|---|");
+        for r in &extra {
+            ok &= r.errors == 0 && r.rejected == 0 && r.accepted > 0;
+            println!(
+                "| {} | {} | **{:.0}** | {:.1} ms | {:.1} ms | {} | {} | {} | {:.2} / {:.2} |",
+                r.mode,
+                r.clients,
+                r.rate(),
+                pct(&r.latencies_ms, 0.5),
+                pct(&r.latencies_ms, 0.99),
+                r.commits,
+                if r.commits > 0.0 {
+                    format!("{:.0}", r.accepted as f64 / r.commits)
+                } else {
+                    "-".into()
+                },
+                if r.commits > 0.0 {
+                    format!("{:.1} ms", 1e3 * r.commit_s / r.commits)
+                } else {
+                    "-".into()
+                },
+                r.cpu_s / r.wall_s,
+                r.others
+            );
+        }
+    }
+    let run_json = |r: &IngestRun| {
+        json!({
+            "mode": r.mode, "round": r.round, "clients": r.clients, "wall_s": r.wall_s,
+            "fixes_per_s": r.rate(), "accepted": r.accepted, "late": r.late,
+            "retries_503": r.retries_503, "errors": r.errors + r.rejected,
+            "p50_ms": pct(&r.latencies_ms, 0.5), "p99_ms": pct(&r.latencies_ms, 0.99),
+            "commits": r.commits, "commit_seconds": r.commit_s, "events": r.events,
+            "cpu_s": r.cpu_s,
+            "cores_other_processes": r.others,
+        })
+    };
+    let j = json!({
+        "fixes": args.fixes, "batch": args.batch, "clients": args.clients, "rounds": args.rounds,
+        "devices": devices, "fences": INGEST_FENCES, "body_bytes": body_bytes,
+        "cores": cores, "modes": summary,
+        "runs": runs.iter().map(run_json).collect::<Vec<_>>(),
+        "more_clients_runs": extra.iter().map(run_json).collect::<Vec<_>>(),
+    });
+    (j, ok)
+}
+
+fn main() {
+    let args = parse_args();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let started = Instant::now();
+    let want = |part: &str| args.only.as_deref().is_none_or(|o| o == part);
+    let mut ok = true;
+    let mut out = json!({"cores": cores, "loadavg_start": loadavg()});
+    println!("cores: {cores}, load average at start: {}", loadavg());
+    if want("warm") {
+        let (j, good) = part_warm(&args, cores);
+        out["warm_start"] = j;
+        ok &= good;
+    }
+    if want("ingest") {
+        let (j, good) = part_ingest(&args, cores);
+        out["ingest"] = j;
+        ok &= good;
+    }
+    out["run_s"] = json!(started.elapsed().as_secs_f64());
+    out["loadavg_end"] = json!(loadavg());
+    println!("\nrun took {:.0} s", started.elapsed().as_secs_f64());
+    let dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
+        .join("bench");
+    let path = dir.join("durability.json");
+    match std::fs::create_dir_all(&dir).and_then(|_| {
+        std::fs::write(
+            &path,
+            serde_json::to_string_pretty(&out).unwrap_or_default(),
+        )
+    }) {
+        Ok(()) => println!("wrote {}", path.display()),
+        Err(e) => eprintln!("could not write {}: {e}", path.display()),
+    }
+    if !ok {
+        eprintln!("FAIL: a check failed (see above)");
+        std::process::exit(1);
+    }
+}
