@@ -16,7 +16,7 @@
 //!    the fences, parse the events tail into the event log, route devices with `shard_of`, build
 //!    one engine per shard (fences + `Engine::restore`). Three variants: page cache dropped for the
 //!    store file (`dd iflag=nocache`), warm page cache (what `run` does: shards one after the
-//!    other), and shards restored on parallel threads (what-if). After the warm sequential
+//!    other), and shards restored on parallel threads (what `geodwell::run` does). After the warm sequential
 //!    variant the watermark is advanced past every 10 min deadline to check that each restored
 //!    pair fires its DWELL exactly once (not timed).
 //! 2. **Ingest**: the real server in-process (`geodwell::start`, event clock, 2 shards on this
@@ -712,14 +712,14 @@ fn part_warm(args: &Args, cores: usize) -> (Value, bool) {
     rows.push(warm_start(
         &dir.0,
         &cfg,
-        "page cache warm, sequential (= geodwell::run)",
+        "page cache warm, shards restored one after the other",
         false,
         true,
     ));
     rows.push(warm_start(
         &dir.0,
         &cfg,
-        "page cache warm, shards restored in parallel (what-if)",
+        "page cache warm, shards restored in parallel (= geodwell::run)",
         true,
         false,
     ));

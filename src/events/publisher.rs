@@ -269,7 +269,10 @@ fn commit(
         // live counter, which may already include requests that are not committed yet.
         p.batch.max_seen = p.max_seen;
         p.batch.next_seq = Some(next_seq);
-        p.batch.trim_events_below = next_seq.checked_sub(cfg.log_capacity as u64);
+        // Store retention follows the in-memory log, which drops events by count and by age.
+        let by_count = next_seq.saturating_sub(cfg.log_capacity as u64);
+        let by_age = log.read(0, 0).first_seq;
+        p.batch.trim_events_below = Some(by_count.max(by_age)).filter(|&t| t > 0);
         let started = Instant::now();
         // Both modes commit with fsync: `async` only changes *when* (every commit_interval,
         // answering before the commit); a commit without fsync would not survive a crash.
