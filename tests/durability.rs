@@ -127,13 +127,25 @@ async fn a_store_that_cannot_be_read_stops_startup_with_a_clear_error() {
         b"this is not a redb file, it is garbage",
     )
     .unwrap();
-    let err = geodwell::start(durable_cfg(&dir, "")).await.err();
-    match err {
-        Some(e) => assert!(e.to_string().contains("store"), "{e}"),
-        None => {
-            // start() binds first and runs the rest in the background: the error surfaces there.
-        }
-    }
+    // start() binds first and runs the rest in the background, so the error may come from
+    // either; it must come, and name the store, and the garbage must still be there.
+    let err = match geodwell::start(durable_cfg(&dir, "")).await {
+        Err(e) => e.to_string(),
+        Ok(running) => match tokio::time::timeout(Duration::from_secs(10), running.handle).await {
+            Ok(Ok(Err(e))) => e.to_string(),
+            other => panic!("startup on a corrupt store must fail, got {other:?}"),
+        },
+    };
+    assert!(err.contains("store"), "{err}");
+    assert!(
+        err.contains("geodwell.redb"),
+        "the error names the file: {err}"
+    );
+    assert_eq!(
+        std::fs::read(dir.join("geodwell.redb")).unwrap(),
+        b"this is not a redb file, it is garbage",
+        "a store that cannot be read is never reset"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
