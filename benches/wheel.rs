@@ -111,6 +111,11 @@ trait Approach {
     fn cancel(&mut self, pair: u32);
     /// Processes tick `now` (the previous call processed `now - 1`): appends the fired pairs.
     fn tick(&mut self, now: u64, fired: &mut Vec<u32>);
+    /// Between ticks: drops up to `budget` entries' worth of tombstones ahead of the next tick,
+    /// returning the entries examined; `None` for approaches that do no such thing.
+    fn sweep(&mut self, _budget: usize) -> Option<usize> {
+        None
+    }
 }
 
 struct Spec {
@@ -119,19 +124,22 @@ struct Spec {
     note: String,
 }
 
-/// geodwell's wheel: record = generation; cancel = bump + `cancelled()`.
+/// geodwell's wheel: record = generation; cancel = bump + `cancelled()`; optionally a budgeted
+/// `sweep` between ticks.
 struct Ours {
     gens: Vec<u32>,
     wheel: Wheel,
     out: Vec<Fired>,
+    sweeping: bool,
 }
 
 impl Ours {
-    fn new(n: usize) -> Ours {
+    fn new(n: usize, sweeping: bool) -> Ours {
         Ours {
             gens: vec![0; n],
             wheel: Wheel::new(Tick(0)),
             out: Vec::new(),
+            sweeping,
         }
     }
 }
@@ -163,6 +171,13 @@ impl Approach for Ours {
             &mut self.out,
         );
         fired.extend(self.out.iter().map(|f| f.key.slot));
+    }
+    fn sweep(&mut self, budget: usize) -> Option<usize> {
+        let gens = &self.gens;
+        self.sweeping.then(|| {
+            self.wheel
+                .sweep(budget, |k| gens[k.slot as usize] == k.generation)
+        })
     }
 }
 
@@ -539,6 +554,12 @@ struct Row {
     bytes: f64,
     bytes_after: f64,
     ticks: Vec<u64>,
+    /// Whether the approach swept between ticks; then the time of each sweep call (measured
+    /// window), their total, and the entries they examined.
+    sweeping: bool,
+    sweep_calls: Vec<u64>,
+    sweep_ns: u128,
+    swept: u64,
     fires: u64,
     cancels: u64,
     schedules: u64,
@@ -548,18 +569,36 @@ struct Row {
 
 impl Row {
     fn pct(&self, p: f64) -> f64 {
-        if self.ticks.is_empty() {
-            return f64::NAN;
+        pct_us(&self.ticks, p)
+    }
+    /// Sweep time per simulated second, µs (NaN without sweeping).
+    fn sweep_us_per_s(&self, seconds: u64) -> f64 {
+        if self.sweeping {
+            self.sweep_ns as f64 / seconds as f64 / 1000.0
+        } else {
+            f64::NAN
         }
-        let mut t = self.ticks.clone();
-        t.sort_unstable();
-        let i = ((t.len() as f64 * p).ceil() as usize).clamp(1, t.len()) - 1;
-        t[i] as f64 / 1000.0
     }
     fn cost_per_fire(&self) -> f64 {
         9.0 * self.schedule_ns + 8.0 * self.cancel_ns + self.expire_ns
     }
 }
+
+/// Percentile `p` of nanosecond samples, in µs (NaN if none).
+fn pct_us(samples: &[u64], p: f64) -> f64 {
+    if samples.is_empty() {
+        return f64::NAN;
+    }
+    let mut t = samples.to_vec();
+    t.sort_unstable();
+    let i = ((t.len() as f64 * p).ceil() as usize).clamp(1, t.len()) - 1;
+    t[i] as f64 / 1000.0
+}
+
+/// Sweep calls per simulated second, for approaches that sweep: the second's budget (the number
+/// of timers ever scheduled for the next tick, i.e. what that tick's bucket holds, live or dead;
+/// the driver counts its own schedules per due tick) is split into this many calls.
+const SWEEP_SLICES: usize = 8;
 
 /// Runs the workload against `make()`'s approach. `tick_ns` lets an approach report its own tick
 /// time (tokio: excluding the clock advance); otherwise the tick call is timed here.
@@ -584,8 +623,11 @@ fn run<A: Approach>(
     let mut batch: Vec<(u32, u64)> = Vec::with_capacity(n);
     let mut cancels: Vec<u32> = Vec::new();
     let mut fired: Vec<u32> = Vec::new();
+    // Timers scheduled per due tick (ring by due % DWELL): the next tick's work, to size sweeps.
+    let mut due_count = vec![0usize; DWELL as usize];
     for p in 0..a.pairs {
         let (due, cancel) = initial_plan(p);
+        due_count[(due % DWELL) as usize] += 1;
         due_of[p as usize] = due;
         if let Some(c) = cancel {
             ring[(c % DWELL) as usize].push((p, 0));
@@ -595,6 +637,7 @@ fn run<A: Approach>(
 
     // The harness's own buffers grow during the churn; their growth is subtracted below.
     row.ticks.reserve(a.seconds as usize);
+    row.sweep_calls.reserve(a.seconds as usize * SWEEP_SLICES);
     let harness = |ring: &Vec<Vec<(u32, u32)>>, b: &Vec<(u32, u64)>, c: &Vec<u32>, f: &Vec<u32>| {
         (ring.iter().map(Vec::capacity).sum::<usize>() * 8
             + b.capacity() * 16
@@ -645,11 +688,13 @@ fn run<A: Approach>(
             }
         }
         // Next visits for the cancelled and the fired pairs.
+        due_count[(t % DWELL) as usize] = 0;
         for &p in cancels.iter().chain(fired.iter()) {
             let v = visit[p as usize].wrapping_add(1);
             visit[p as usize] = v;
             let (due, cancel) = plan(p, t);
             due_of[p as usize] = due;
+            due_count[(due % DWELL) as usize] += 1;
             if let Some(c) = cancel {
                 ring[(c % DWELL) as usize].push((p, v));
             }
@@ -660,6 +705,22 @@ fn run<A: Approach>(
             ap.schedule(p, due);
         }
         let s1 = s0.elapsed().as_nanos();
+
+        // Between ticks (sweeping approaches only): drop the next tick's tombstones in slices.
+        let slice = due_count[((t + 1) % DWELL) as usize].div_ceil(SWEEP_SLICES);
+        for _ in 0..SWEEP_SLICES {
+            let w0 = Instant::now();
+            let Some(n) = ap.sweep(slice) else {
+                break;
+            };
+            let w1 = w0.elapsed().as_nanos();
+            row.sweeping = true;
+            if measured {
+                row.sweep_calls.push(w1 as u64);
+                row.sweep_ns += w1;
+                row.swept += n as u64;
+            }
+        }
 
         if measured {
             cancel_ns += c1;
@@ -678,7 +739,8 @@ fn run<A: Approach>(
         row.expire_ns = f64::NAN;
         row.ticks.clear();
     } else {
-        row.expire_ns = tick_total as f64 / row.fires as f64;
+        // Sweeping moves tick work between ticks: it is counted here too.
+        row.expire_ns = (tick_total + row.sweep_ns) as f64 / row.fires as f64;
     }
     let harness_growth = harness(&ring, &batch, &cancels, &fired) - harness_before;
     row.bytes_after = (live_bytes() - before - harness_growth) as f64 / n as f64;
@@ -703,11 +765,23 @@ fn main() {
         rows.push(run(
             &a,
             Spec {
-                name: "geodwell Wheel (ours)",
+                name: "geodwell Wheel (ours, no sweep)",
                 ours: true,
                 note: "record: u32 generation; cancel = bump + cancelled(); no fire cap".into(),
             },
-            Ours::new,
+            |n| Ours::new(n, false),
+            |_| None,
+        ));
+        rows.push(run(
+            &a,
+            Spec {
+                name: "geodwell Wheel (ours, sweep between ticks)",
+                ours: true,
+                note: format!(
+                    "as above, plus after each second's schedules {SWEEP_SLICES} sweep() calls sharing a budget of the next tick's timer count (live and dead); expire includes the sweep time"
+                ),
+            },
+            |n| Ours::new(n, true),
             |_| None,
         ));
     }
@@ -878,14 +952,14 @@ fn report(a: &Args, rows: &[Row]) {
         a.pairs, a.seconds, a.warmup
     );
     println!(
-        "| approach | schedule ns/op | cancel ns/op | expire ns/entry | bytes/timer (loaded) | bytes/timer (after churn) | tick p50 µs | p99 µs | p99.9 µs | max µs | cost/fire ns | early/late fires |"
+        "| approach | schedule ns/op | cancel ns/op | expire ns/entry | bytes/timer (loaded) | bytes/timer (after churn) | tick p50 µs | p99 µs | p99.9 µs | max µs | sweep µs/s | sweep call p99.9 µs | cost/fire ns | early/late fires |"
     );
     println!(
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     );
     for r in rows {
         println!(
-            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} | {}/{} |",
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} | {}/{} |",
             if r.ours {
                 format!("**{}**", r.name)
             } else {
@@ -903,6 +977,8 @@ fn report(a: &Args, rows: &[Row]) {
                 .iter()
                 .max()
                 .map_or(f64::NAN, |&m| m as f64 / 1000.0),
+            r.sweep_us_per_s(a.seconds),
+            pct_us(&r.sweep_calls, 0.999),
             r.cost_per_fire(),
             r.early,
             r.late,
@@ -914,14 +990,31 @@ fn report(a: &Args, rows: &[Row]) {
             "- {}: {} (load: {:.1} ns/schedule; measured window: {} schedules, {} cancels, {} fires)",
             r.name, r.note, r.load_ns, r.schedules, r.cancels, r.fires
         );
+        if r.sweeping {
+            println!(
+                "  sweep: {} calls, {} entries examined ({:.0}/s), {:.1} µs/s; per call p50 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs, max {:.1} µs",
+                r.sweep_calls.len(),
+                r.swept,
+                r.swept as f64 / a.seconds as f64,
+                r.sweep_us_per_s(a.seconds),
+                pct_us(&r.sweep_calls, 0.50),
+                pct_us(&r.sweep_calls, 0.99),
+                pct_us(&r.sweep_calls, 0.999),
+                r.sweep_calls
+                    .iter()
+                    .max()
+                    .map_or(f64::NAN, |&m| m as f64 / 1000.0),
+            );
+        }
     }
-    if let Some(ours) = rows.iter().find(|r| r.ours) {
+    for ours in rows.iter().filter(|r| r.ours) {
         let best = rows
             .iter()
             .filter(|r| !r.ours && !r.name.starts_with("floor"))
             .min_by(|x, y| x.cost_per_fire().total_cmp(&y.cost_per_fire()));
         println!(
-            "\ncost per fire (9 schedules + 8 cancels + 1 expire): ours {:.0} ns",
+            "\ncost per fire (9 schedules + 8 cancels + 1 expire): {} {:.0} ns",
+            ours.name,
             ours.cost_per_fire()
         );
         if let Some(b) = best {
@@ -955,6 +1048,10 @@ fn report(a: &Args, rows: &[Row]) {
                 "tick_p99_us": r.pct(0.99),
                 "tick_p999_us": r.pct(0.999),
                 "tick_max_us": r.ticks.iter().max().map(|&m| m as f64 / 1000.0),
+                "sweep_us_per_s": r.sweeping.then(|| r.sweep_us_per_s(a.seconds)),
+                "sweep_call_p999_us": r.sweeping.then(|| pct_us(&r.sweep_calls, 0.999)),
+                "sweep_calls": r.sweep_calls.len(),
+                "swept_entries": r.swept,
                 "bytes_per_timer_after_churn": r.bytes_after,
                 "cost_per_fire_ns": r.cost_per_fire(),
                 "early_fires": r.early,

@@ -123,6 +123,9 @@ pub struct ShardCtx {
     pub shutdown: CancellationToken,
 }
 
+/// Wheel entries examined by one between-tick sweep (tens of microseconds).
+const SWEEP_BUDGET: usize = 4096;
+
 /// A reply waiting for its step to be durable.
 struct Waiting {
     reply: oneshot::Sender<StepReply>,
@@ -161,6 +164,13 @@ pub async fn run(mut engine: Engine, mut rx: mpsc::Receiver<ShardMsg>, mut ctx: 
             }),
             ClockMode::Event => (carried_ticks > 0).then(Instant::now),
         };
+        // Idle until the next tick: drop cancelled timers ahead of the wheel in a small slice, so
+        // that the tick itself meets live entries (bounded pause; the same total work).
+        if wake.is_some_and(|w| w > Instant::now() + Duration::from_millis(5))
+            && engine.stats().wheel.tombstones > 0
+        {
+            engine.sweep(SWEEP_BUDGET);
+        }
         let mut waiting: Option<Waiting> = None;
         tokio::select! {
             biased;

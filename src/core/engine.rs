@@ -403,15 +403,7 @@ impl Engine {
         let fired = self.wheel.advance(
             to,
             self.cfg.max_fires_per_advance,
-            |k| {
-                if k.slot & DEVICE_BIT != 0 {
-                    let dev = &devices[(k.slot & !DEVICE_BIT) as usize];
-                    dev.flush_gen == k.generation && dev.flush_due.is_some()
-                } else {
-                    let p = &pairs[k.slot as usize];
-                    p.timer_gen == k.generation && p.timer_due.is_some()
-                }
-            },
+            |k| entry_live(k, pairs, devices),
             &mut self.fired,
         );
         // First mark every fired entry consumed, so that rescheduling while processing never
@@ -550,6 +542,14 @@ impl Engine {
             r.devices += 1;
         }
         Ok(r)
+    }
+
+    /// Drops cancelled wheel entries ahead of the next ticks, examining at most `budget`: the
+    /// driver calls it between ticks so that ticks only meet live entries (the same total work,
+    /// without the pause). Changes nothing observable.
+    pub fn sweep(&mut self, budget: usize) -> usize {
+        let (pairs, devices) = (&self.pairs, &self.devices);
+        self.wheel.sweep(budget, |k| entry_live(k, pairs, devices))
     }
 
     /// A device's state.
@@ -827,6 +827,17 @@ impl Engine {
             self.seq += 1;
             e.seq = self.seq;
         }
+    }
+}
+
+/// Whether a wheel entry is still its owner's current timer.
+fn entry_live(k: TimerKey, pairs: &[Pair], devices: &[Device]) -> bool {
+    if k.slot & DEVICE_BIT != 0 {
+        let dev = &devices[(k.slot & !DEVICE_BIT) as usize];
+        dev.flush_gen == k.generation && dev.flush_due.is_some()
+    } else {
+        let p = &pairs[k.slot as usize];
+        p.timer_gen == k.generation && p.timer_due.is_some()
     }
 }
 

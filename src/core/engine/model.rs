@@ -196,6 +196,8 @@ fn run_engines(fences: &[Arc<Fence>], arrival: &[Fix], batches: &[usize], run: &
         let w = max_seen.unwrap().minus(run.lateness);
         for e in &mut engines {
             e.advance(w, &mut out);
+            // Between-tick sweeps must change nothing observable.
+            e.sweep((b * 37) % 300);
         }
     }
     if let Some(m) = max_seen {

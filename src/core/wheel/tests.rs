@@ -295,6 +295,16 @@ fn crowded_buckets_keep_and_compact_across_chunks() {
                 1
             };
             let to = now + step;
+            // Sweeps of varying budgets between advances (stopping mid-chunk, crossing chunks).
+            let budget = ((now * 13 + seed * 7) % 150) as usize;
+            let before = w.stats();
+            let checked = w.sweep(budget, |k| generation[k.slot as usize] == k.generation);
+            assert!(checked <= budget);
+            let st = w.stats();
+            assert_eq!(
+                st.entries - st.tombstones,
+                before.entries - before.tombstones
+            );
             out.clear();
             w.advance(
                 Tick(to),
@@ -377,6 +387,107 @@ fn a_visit_compacts_kept_entries_in_order_and_frees_the_rest() {
     }
 }
 
+#[test]
+fn a_sweep_takes_the_next_buckets_tombstones_out_of_the_tick() {
+    let mut w = Wheel::new(Tick(0));
+    let mut generation = vec![0u32; 1_000];
+    // 200 entries at each of ticks 1..=5; 3 of every 4 cancelled.
+    for slot in 0..1_000u32 {
+        w.schedule(key(slot, 0), Tick(1 + u64::from(slot) / 200));
+        if slot % 4 != 0 {
+            generation[slot as usize] += 1;
+            w.cancelled();
+        }
+    }
+    let chunks = w.pool.chunks.len();
+    assert_eq!(w.stats().tombstones, 750);
+    let live = |g: &Vec<u32>, k: TimerKey| g[k.slot as usize] == k.generation;
+    // Budget 0 does nothing; a small budget stops in the middle of tick 1's bucket and the next
+    // call resumes there, without dropping anything until the bucket is finished.
+    assert_eq!(w.sweep(0, |k| live(&generation, k)), 0);
+    assert_eq!(w.sweep(70, |k| live(&generation, k)), 70);
+    assert_eq!(w.stats().tombstones, 750);
+    assert_eq!(w.sweep(130, |k| live(&generation, k)), 130);
+    assert_eq!(w.stats().tombstones, 600);
+    assert_eq!(w.len(), 850);
+    // Tick 1's bucket now holds its 50 live entries, in order, in one chunk.
+    let expect: Vec<u32> = (0..200).step_by(4).collect();
+    assert_eq!(bucket_slots(&w, FINE, 1), expect);
+    assert_eq!(w.pool.free.len(), 3, "emptied chunks went back to the pool");
+    // Then tick 2 (in two calls, crossing into tick 3).
+    assert_eq!(w.sweep(150, |k| live(&generation, k)), 150);
+    assert_eq!(w.sweep(100, |k| live(&generation, k)), 100);
+    assert_eq!(w.stats().tombstones, 450);
+    // An entry appended to the bucket being swept is swept too, after the others.
+    w.schedule(key(999, 0), Tick(3));
+    generation[999] += 1;
+    w.cancelled();
+    // The tick of tick 1 checks only its 50 live entries.
+    let mut calls = 0;
+    let mut out = Vec::new();
+    w.advance(
+        Tick(1),
+        usize::MAX,
+        |k| {
+            calls += 1;
+            live(&generation, k)
+        },
+        &mut out,
+    );
+    assert_eq!((calls, out.len()), (50, 50));
+    // The cursor is still in tick 3's bucket: it finishes it (150 + the appended one) and goes on.
+    assert_eq!(w.sweep(151, |k| live(&generation, k)), 151);
+    assert_eq!(w.stats().tombstones, 300);
+    let fired = {
+        out.clear();
+        w.advance(Tick(3), usize::MAX, |k| live(&generation, k), &mut out);
+        out.iter().map(|f| f.key.slot).collect::<Vec<_>>()
+    };
+    let expect: Vec<u32> = (200..600).step_by(4).collect();
+    assert_eq!(fired, expect, "live timers fire in their order, on time");
+    // A huge budget sweeps the rest of the fine level and stops.
+    assert_eq!(w.sweep(usize::MAX, |k| live(&generation, k)), 400);
+    assert_eq!(w.sweep(usize::MAX, |k| live(&generation, k)), 0);
+    assert_eq!(w.stats().tombstones, 0);
+    assert_eq!(w.len(), 100);
+    out.clear();
+    w.advance(Tick(10), usize::MAX, |k| live(&generation, k), &mut out);
+    assert_eq!(out.len(), 100);
+    assert!(w.is_empty());
+    assert_eq!(w.pool.free.len(), w.pool.chunks.len());
+    assert!(w.pool.chunks.len() <= chunks + 1);
+}
+
+#[test]
+fn an_advance_into_a_half_swept_bucket_drops_its_dead_and_the_sweep_restarts() {
+    let mut w = Wheel::new(Tick(0));
+    let mut generation = vec![0u32; 300];
+    for slot in 0..300u32 {
+        w.schedule(key(slot, 0), Tick(1 + u64::from(slot) / 150));
+        if slot % 3 != 0 {
+            generation[slot as usize] += 1;
+            w.cancelled();
+        }
+    }
+    let live = |g: &Vec<u32>, k: TimerKey| g[k.slot as usize] == k.generation;
+    assert_eq!(w.sweep(100, |k| live(&generation, k)), 100);
+    let mut out = Vec::new();
+    w.advance(Tick(1), usize::MAX, |k| live(&generation, k), &mut out);
+    let expect: Vec<u32> = (0..150).step_by(3).collect();
+    assert_eq!(out.iter().map(|f| f.key.slot).collect::<Vec<_>>(), expect);
+    assert_eq!(w.stats().tombstones, 100);
+    // Starts over at tick 2.
+    assert_eq!(w.sweep(150, |k| live(&generation, k)), 150);
+    assert_eq!(
+        w.stats(),
+        WheelStats {
+            entries: 50,
+            tombstones: 0,
+            carry: 0
+        }
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Model test: the wheel against a BTreeMap of live timers.
 
@@ -388,6 +499,8 @@ enum Op {
     Cancel { slot: u32 },
     /// Advance by `step` ticks with an optional cap.
     Advance { step: u64, cap: Option<usize> },
+    /// Sweep with this budget.
+    Sweep { budget: usize },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -409,10 +522,19 @@ fn op() -> impl Strategy<Value = Op> {
         1_000_000u64..200_000_000,
     ];
     let cap = prop_oneof![3 => Just(None), 1 => (0usize..4).prop_map(Some)];
+    // Mostly small budgets, so that sweeps stop in the middle of buckets that `advance` then
+    // reaches half-swept.
+    let budget = prop_oneof![
+        1 => Just(0usize),
+        4 => 1usize..4,
+        2 => 1usize..20,
+        1 => Just(usize::MAX),
+    ];
     prop_oneof![
         4 => (0u32..8, delta).prop_map(|(slot, delta)| Op::Schedule { slot, delta }),
         2 => (0u32..8).prop_map(|slot| Op::Cancel { slot }),
         3 => (step, cap).prop_map(|(step, cap)| Op::Advance { step, cap }),
+        3 => budget.prop_map(|budget| Op::Sweep { budget }),
     ]
 }
 
@@ -428,6 +550,9 @@ fn start() -> impl Strategy<Value = u64> {
     ]
 }
 
+/// Owner records of the model test (slots `0..SLOTS`).
+const SLOTS: usize = 64;
+
 #[derive(Default, Clone, Copy)]
 struct Rec {
     generation: u32,
@@ -437,20 +562,21 @@ struct Rec {
 fn run_model(geom: (u32, u32), start: u64, ops: &[Op]) -> Result<(), TestCaseError> {
     let mut w = Wheel::with_geometry(Tick(start), geom.0, geom.1);
     let span = 1u64 << (geom.0 + geom.1);
-    let mut recs = [Rec::default(); 8];
+    let mut recs = [Rec::default(); SLOTS];
     // Live timers: (due, slot) -> generation.
     let mut model: BTreeMap<(u64, u32), u32> = BTreeMap::new();
     let mut now = start;
     let mut out = Vec::new();
 
-    let cancel = |recs: &mut [Rec; 8], model: &mut BTreeMap<(u64, u32), u32>, w: &mut Wheel, s| {
-        let r: &mut Rec = &mut recs[s as usize];
-        r.generation += 1;
-        if let Some(due) = r.outstanding.take() {
-            model.remove(&(due, s));
-            w.cancelled();
-        }
-    };
+    let cancel =
+        |recs: &mut [Rec; SLOTS], model: &mut BTreeMap<(u64, u32), u32>, w: &mut Wheel, s| {
+            let r: &mut Rec = &mut recs[s as usize];
+            r.generation += 1;
+            if let Some(due) = r.outstanding.take() {
+                model.remove(&(due, s));
+                w.cancelled();
+            }
+        };
 
     // A final uncapped jump past every deadline drains the wheel.
     for op in ops.iter().cloned().chain([Op::Advance {
@@ -508,6 +634,27 @@ fn run_model(geom: (u32, u32), start: u64, ops: &[Op]) -> Result<(), TestCaseErr
                     prop_assert_eq!(st.tombstones, 0, "tombstone outlived a turn");
                 }
             }
+            Op::Sweep { budget } => {
+                let before = w.stats();
+                let mut calls = 0usize;
+                let n = w.sweep(budget, |k| {
+                    calls += 1;
+                    recs[k.slot as usize].generation == k.generation
+                });
+                prop_assert_eq!(n, calls, "returns the entries it checked");
+                prop_assert!(n <= budget);
+                let st = w.stats();
+                // Nothing fires, moves time or enters the carry queue; only dead entries go.
+                prop_assert_eq!(w.now(), Tick(now));
+                prop_assert_eq!(st.carry, before.carry);
+                prop_assert!(st.entries <= before.entries);
+                prop_assert_eq!(
+                    before.entries - st.entries,
+                    before.tombstones - st.tombstones,
+                    "a dropped entry is a dropped tombstone"
+                );
+                prop_assert_eq!(st.entries - st.tombstones, model.len() as u64);
+            }
         }
     }
     prop_assert!(model.is_empty());
@@ -526,4 +673,25 @@ proptest! {
     ) {
         run_model(geom, start, &ops)?;
     }
+
+    /// Sweep-focused: many owners crowding the next few buckets, small budgets and short steps,
+    /// so that `advance` often reaches buckets the sweep left half done.
+    #[test]
+    fn half_swept_buckets_match_the_model(
+        geom in prop_oneof![(1u32..=3, 1u32..=3), Just((6, 3))],
+        start in start(),
+        ops in prop::collection::vec(crowded_op(), 1..200),
+    ) {
+        run_model(geom, start, &ops)?;
+    }
+}
+
+fn crowded_op() -> impl Strategy<Value = Op> {
+    let budget = prop_oneof![1usize..6, 1usize..40, Just(usize::MAX)];
+    prop_oneof![
+        6 => (0u32..SLOTS as u32, 1i64..6).prop_map(|(slot, delta)| Op::Schedule { slot, delta }),
+        3 => (0u32..SLOTS as u32).prop_map(|slot| Op::Cancel { slot }),
+        2 => (0u64..3).prop_map(|step| Op::Advance { step, cap: None }),
+        3 => budget.prop_map(|budget| Op::Sweep { budget }),
+    ]
 }
