@@ -159,12 +159,12 @@ async fn run(
         let first = match wait {
             Some(d) => match tokio::time::timeout(d, rx.recv()).await {
                 Ok(Some(s)) => Some(s),
-                Ok(None) => return finish(&cfg, &log, &mut p, next_seq),
+                Ok(None) => return finish(&cfg, &log, &mut p, next_seq).await,
                 Err(_) => None, // timer: retry or async commit
             },
             None => match rx.recv().await {
                 Some(s) => Some(s),
-                None => return finish(&cfg, &log, &mut p, next_seq),
+                None => return finish(&cfg, &log, &mut p, next_seq).await,
             },
         };
         let mut steps: Vec<Step> = first.into_iter().collect();
@@ -243,13 +243,13 @@ async fn run(
 }
 
 /// Every sender is gone: a last commit (retried a few times) before the task ends.
-fn finish(cfg: &PublisherCfg, log: &EventLog, p: &mut Pending, next_seq: u64) {
+async fn finish(cfg: &PublisherCfg, log: &EventLog, p: &mut Pending, next_seq: u64) {
     let mut last = Instant::now();
     for _ in 0..3 {
         if p.is_empty() || commit(cfg, log, p, &mut last, next_seq) {
             return;
         }
-        std::thread::sleep(Duration::from_millis(200));
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     tracing::error!("final state commit failed; the last steps since the previous commit are lost");
 }
