@@ -54,8 +54,7 @@ impl Batch {
     /// Merges `other`, which happened after `self`, into `self`: later puts win, a put after a
     /// delete of the same id wins, a delete after a put wins, later scalars and cursors win,
     /// trims take the highest bound (dropping merged events below it). Costs
-    /// O((|self| + |other|) log n); the group committer merges into an internal accumulator
-    /// instead, at O(|other| log n) per batch.
+    /// O((|self| + |other|) log n).
     pub fn merge(&mut self, other: Batch) {
         let mut acc = Accum::default();
         acc.add(std::mem::take(self));
@@ -79,18 +78,6 @@ pub(crate) struct Accum {
 }
 
 impl Accum {
-    /// Whether nothing is held.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.devices.is_empty()
-            && self.fences.is_empty()
-            && self.events.is_empty()
-            && self.trim.is_none()
-            && self.watermark.is_none()
-            && self.max_seen.is_none()
-            && self.next_seq.is_none()
-            && self.cursors.is_empty()
-    }
-
     /// Applies `b` after everything held.
     pub(crate) fn add(&mut self, b: Batch) {
         let Batch {

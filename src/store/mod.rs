@@ -4,7 +4,6 @@
 //!
 //! - [`Store`]: open (create or verify), [`Store::load`] everything for a warm start, and
 //!   [`Store::commit`] one [`Batch`] in one write transaction.
-//! - [`Committer`]: the group committer that turns many concurrent [`Batch`]es into few fsyncs.
 //! - [`check`]: offline verification for `geodwell store check`.
 //!
 //! Invariants:
@@ -23,15 +22,14 @@
 mod batch;
 mod check;
 mod codec;
-mod committer;
 #[cfg(test)]
 mod tests;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 use redb::{
     Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle,
@@ -43,7 +41,6 @@ use crate::core::engine::DeviceState;
 
 pub use batch::Batch;
 pub use check::{CheckReport, check};
-pub use committer::{Committer, CommitterConfig, CommitterHandle, DEFAULT_QUEUE_CAPACITY};
 
 /// The layout version this build reads and writes. Bump it on any change to the tables or to an
 /// encoding (see `codec.rs`); a store of another version is refused, never reinterpreted.
@@ -174,29 +171,12 @@ pub enum StoreError {
         /// The file.
         path: PathBuf,
     },
-    /// A commit panicked; nothing of it was committed.
-    #[error("store commit panicked: {0}")]
-    Panicked(String),
-    /// The committer task has stopped.
-    #[error("the store committer has stopped")]
-    CommitterClosed,
-    /// A commit error shared by every submitter of the failed group commit.
-    #[error(transparent)]
-    Shared(Arc<StoreError>),
 }
 
 impl StoreError {
-    /// The underlying error, looking through [`StoreError::Shared`].
-    pub fn root(&self) -> &StoreError {
-        match self {
-            StoreError::Shared(e) => e.root(),
-            e => e,
-        }
-    }
-
     /// Whether this is an out-of-space I/O error.
     pub fn is_disk_full(&self) -> bool {
-        match self.root() {
+        match self {
             StoreError::Db { source, .. } => {
                 matches!(&**source, redb::Error::Io(e) if e.kind() == std::io::ErrorKind::StorageFull)
             }

@@ -4,7 +4,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use super::*;
 use crate::core::engine::{Engine, EngineConfig};
@@ -378,132 +377,6 @@ fn merge_semantics() {
     assert!(!c.is_empty() && Batch::default().is_empty());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_committer_groups_concurrent_submits() {
-    let dir = TempDir::new("group");
-    let store = Arc::new(Store::open(dir.path()).unwrap());
-    let h = Committer::spawn(store.clone(), Durability::Sync, Duration::from_millis(100));
-    let n = 200;
-    let futs: Vec<_> = (0..n)
-        .map(|i| {
-            h.submit(Batch {
-                devices_put: vec![device(&format!("d{i:03}"), T0 + i)],
-                events: vec![(i as u64 + 1, event_json(i as u64 + 1, i))],
-                next_seq: Some(i as u64 + 2),
-                ..Batch::default()
-            })
-        })
-        .collect();
-    for r in futures_util::future::join_all(futs).await {
-        r.unwrap();
-    }
-    let commits = store.stats().commits;
-    eprintln!("{n} concurrent submits took {commits} commits");
-    assert!(commits < n as u64 / 2, "{commits} commits for {n} submits");
-    let snap = store.load(1000).unwrap();
-    assert_eq!(snap.devices.len(), n as usize);
-    assert_eq!(snap.events.len(), n as usize);
-    assert_eq!(snap.next_seq, n as u64 + 1, "call order is commit order");
-    h.shutdown().await.unwrap();
-    assert!(matches!(
-        h.submit(Batch::default()).await,
-        Err(StoreError::CommitterClosed)
-    ));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_commit_keeps_its_data_for_the_retry() {
-    let dir = TempDir::new("retry");
-    let store = Arc::new(Store::open(dir.path()).unwrap());
-    let h = Committer::spawn(store.clone(), Durability::Sync, Duration::from_millis(20));
-    store.fail_next_commits(1);
-    let e = h
-        .submit(Batch {
-            devices_put: vec![device("a", 1)],
-            ..Batch::default()
-        })
-        .await
-        .unwrap_err();
-    assert!(matches!(e.root(), StoreError::Injected { .. }), "{e}");
-    assert!(h.last_error().is_some());
-    assert!(store.load(0).unwrap().devices.is_empty());
-    h.submit(Batch {
-        devices_put: vec![device("b", 2)],
-        ..Batch::default()
-    })
-    .await
-    .unwrap();
-    assert!(h.last_error().is_none());
-    let ids: Vec<String> = store
-        .load(0)
-        .unwrap()
-        .devices
-        .into_iter()
-        .map(|d| d.id)
-        .collect();
-    assert_eq!(
-        ids,
-        vec!["a".to_string(), "b".to_string()],
-        "the failed batch was retried"
-    );
-    assert_eq!(store.stats().failed_commits, 1);
-
-    // With no new submit, the timer retries on its own.
-    store.fail_next_commits(1);
-    assert!(
-        h.submit(Batch {
-            devices_put: vec![device("c", 3)],
-            ..Batch::default()
-        })
-        .await
-        .is_err()
-    );
-    for _ in 0..100 {
-        if store.load(0).unwrap().devices.len() == 3 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(
-        store.load(0).unwrap().devices.len(),
-        3,
-        "retried by the timer"
-    );
-    h.shutdown().await.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn async_mode_answers_at_once_and_commits_on_the_interval() {
-    let dir = TempDir::new("async");
-    let store = Arc::new(Store::open(dir.path()).unwrap());
-    let h = Committer::spawn(store.clone(), Durability::Async, Duration::from_millis(200));
-    let start = std::time::Instant::now();
-    for i in 0..50 {
-        h.submit(Batch {
-            devices_put: vec![device(&format!("d{i}"), i)],
-            ..Batch::default()
-        })
-        .await
-        .unwrap();
-    }
-    // One commit at once, then at most one per interval (plus one for timing slack).
-    let allowed = 2 + (start.elapsed().as_millis() / 200) as u64;
-    assert!(store.stats().commits <= allowed, "{:?}", store.stats());
-    // A failing commit keeps the data; flush reports the error, a later flush commits.
-    store.fail_next_commits(1);
-    assert!(h.flush().await.is_err());
-    h.flush().await.unwrap();
-    assert_eq!(store.load(0).unwrap().devices.len(), 50);
-    h.submit(Batch {
-        devices_put: vec![device("last", 1)],
-        ..Batch::default()
-    })
-    .await
-    .unwrap();
-    h.shutdown().await.unwrap();
-    assert_eq!(store.load(0).unwrap().devices.len(), 51, "shutdown flushes");
-}
-
 #[test]
 fn check_reports_a_good_and_a_bad_store() {
     let dir = TempDir::new("check");
@@ -654,66 +527,6 @@ fn warm_start_of_1_9m_pairs() {
         "after a crash: open (with repair) {opened:?}, open+load {:?} ({n} devices)",
         t.elapsed()
     );
-}
-
-/// A real full disk (not a test by default: it needs a small file system). Run as root with
-/// `mount -t tmpfs -o size=2m tmpfs /tmp/tinyfs` and
-/// `GEODWELL_TINYFS=/tmp/tinyfs cargo test --lib store::tests::disk_full -- --ignored --nocapture`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs GEODWELL_TINYFS: a small file system to fill"]
-async fn disk_full_keeps_the_data_and_recovers() {
-    let Ok(fs) = std::env::var("GEODWELL_TINYFS") else {
-        eprintln!("SKIPPED: GEODWELL_TINYFS is not set");
-        return;
-    };
-    let dir = PathBuf::from(fs).join(format!("store-{}", std::process::id()));
-    let filler = dir.with_extension("filler");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::write(&filler, vec![7u8; 512 * 1024]).unwrap();
-    let store = Arc::new(Store::open(&dir).unwrap());
-    let h = Committer::spawn(store.clone(), Durability::Sync, Duration::from_millis(20));
-    let mut ids = Vec::new();
-    let mut err = None;
-    for round in 0..10_000 {
-        let b = Batch {
-            devices_put: (0..200)
-                .map(|i| device(&format!("r{round:05}-{i:03}"), T0 + i))
-                .collect(),
-            ..Batch::default()
-        };
-        ids.extend(b.devices_put.iter().map(|d| d.id.clone()));
-        if let Err(e) = h.submit(b).await {
-            err = Some(e);
-            break;
-        }
-    }
-    let err = err.expect("the file system filled up");
-    eprintln!("after {} devices: {err}", ids.len());
-    assert!(err.is_disk_full(), "{err:?}");
-    assert!(h.last_error().is_some());
-    // Space returns: the kept batch commits.
-    std::fs::remove_file(&filler).unwrap();
-    let mut flushed = h.flush().await;
-    for _ in 0..20 {
-        if flushed.is_ok() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        flushed = h.flush().await;
-    }
-    flushed.unwrap();
-    eprintln!("recovered: {:?}", store.stats());
-    let snap = store.load(0).unwrap();
-    let mut want = ids.clone();
-    want.sort();
-    let got: Vec<String> = snap.devices.into_iter().map(|d| d.id).collect();
-    assert_eq!(got, want, "nothing accepted was lost");
-    h.shutdown().await.unwrap();
-    drop(h);
-    drop(store);
-    let r = check(&dir).unwrap();
-    assert!(r.is_ok(), "{r}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
