@@ -153,7 +153,9 @@ async fn a_store_that_cannot_be_read_stops_startup_with_a_clear_error() {
 
 const BIN: &str = env!("CARGO_BIN_EXE_geodwell");
 
-fn spawn_bin(dir: &Path, extra: &[&str]) -> (Child, String) {
+/// Starts the real binary on `dir` (event clock, no preloaded fences) with `lateness` and extra
+/// environment; returns it and its base URL once it listens.
+fn spawn_bin(dir: &Path, lateness: &str, env: &[(&str, &str)]) -> (Child, String) {
     let mut child = Command::new(BIN)
         .args([
             "serve",
@@ -162,14 +164,14 @@ fn spawn_bin(dir: &Path, extra: &[&str]) -> (Child, String) {
             "--clock",
             "event",
             "--lateness",
-            "30s",
+            lateness,
             "--shards",
             "2",
         ])
         .arg("--data-dir")
         .arg(dir)
-        .args(extra)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .envs(env.iter().copied())
         .env("GEODWELL_FENCES_FILE", "")
         .env("GEODWELL_LOG", "info")
         .stderr(Stdio::piped())
@@ -228,7 +230,7 @@ async fn kill_9_at_random_moments_loses_and_doubles_nothing() {
 
     // Uninterrupted run.
     let dir = temp_dir("crash-ref");
-    let (mut child, base) = spawn_bin(&dir, &[]);
+    let (mut child, base) = spawn_bin(&dir, "30s", &[]);
     http.put(format!("{base}/v1/fences/yard"))
         .json(&fence)
         .send()
@@ -257,7 +259,7 @@ async fn kill_9_at_random_moments_loses_and_doubles_nothing() {
 
     // Crashing run: kill -9 at pseudo-random batches, sometimes while a batch is in flight.
     let dir = temp_dir("crash");
-    let (mut child, mut base) = spawn_bin(&dir, &[]);
+    let (mut child, mut base) = spawn_bin(&dir, "30s", &[]);
     http.put(format!("{base}/v1/fences/yard"))
         .json(&fence)
         .send()
@@ -292,7 +294,7 @@ async fn kill_9_at_random_moments_loses_and_doubles_nothing() {
                     .status();
             }
             let _ = child.wait();
-            let (c, b) = spawn_bin(&dir, &[]);
+            let (c, b) = spawn_bin(&dir, "30s", &[]);
             child = c;
             base = b;
         }
@@ -456,38 +458,14 @@ async fn measure_async_loss_window() {
     let http = reqwest::Client::new();
     for round in 0..3 {
         let dir = temp_dir("async-loss");
-        let (mut child, base) = spawn_bin(&dir, &[]);
-        // spawn_bin starts in sync mode; restart in async mode on the same dir.
-        let _ = child.kill();
-        let _ = child.wait();
-        let mut child = Command::new(BIN)
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--clock",
-                "event",
-                "--lateness",
-                "0s",
-            ])
-            .arg("--data-dir")
-            .arg(&dir)
-            .env("GEODWELL_FENCES_FILE", "")
-            .env("GEODWELL_DURABILITY", "async")
-            .env("GEODWELL_COMMIT_INTERVAL", "100ms")
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let addr = loop {
-            let line = lines.next().unwrap().unwrap();
-            if let Some(rest) = line.split("addr=").nth(1) {
-                break rest.split_whitespace().next().unwrap().to_string();
-            }
-        };
-        std::thread::spawn(move || for _ in lines {});
-        let _ = base;
-        let base = format!("http://{addr}");
+        let (mut child, base) = spawn_bin(
+            &dir,
+            "0s",
+            &[
+                ("GEODWELL_DURABILITY", "async"),
+                ("GEODWELL_COMMIT_INTERVAL", "100ms"),
+            ],
+        );
         let started = std::time::Instant::now();
         let mut acked: Vec<(usize, std::time::Instant)> = Vec::new();
         let mut i = 0usize;
@@ -511,7 +489,7 @@ async fn measure_async_loss_window() {
             .args(["-9", &child.id().to_string()])
             .status();
         let _ = child.wait();
-        let (mut child, base) = spawn_bin(&dir, &[]);
+        let (mut child, base) = spawn_bin(&dir, "30s", &[]);
         let mut lost = 0;
         let mut oldest_lost: Option<Duration> = None;
         for (b, at) in &acked {
