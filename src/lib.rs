@@ -15,6 +15,8 @@
 //! - [`events`]: the event log and subscriptions.
 //! - [`http`]: the HTTP / WebSocket interface.
 //! - [`telemetry`]: metric names and tracing.
+//! - [`sim`]: the fleet simulator (`geodwell simulate`): a seeded trace generator and a load
+//!   driver that measures ingest-to-event latency.
 //!
 //! [`run`] serves on a bound listener until a shutdown token is cancelled.
 
@@ -24,6 +26,7 @@ pub mod events;
 pub mod http;
 pub mod ingest;
 pub mod shard;
+pub mod sim;
 pub mod state;
 pub mod store;
 pub mod telemetry;

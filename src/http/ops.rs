@@ -38,6 +38,7 @@ pub async fn readyz(State(st): State<Arc<AppState>>) -> Response {
             "shards": st.shards.len(),
             "clock": st.cfg.clock.to_string(),
             "watermark": st.watermark(),
+            "lateness_ms": st.cfg.lateness.0,
             "fences": st.fences.read().map(|f| f.len()).unwrap_or(0),
         }))
         .into_response()

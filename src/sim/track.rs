@@ -1,0 +1,424 @@
+//! Ingest-to-event latency bookkeeping for the simulator.
+//!
+//! Owns: which batch carried each device's recent fixes, when each batch was sent, and the
+//! histograms of (event arrival - send of the input that caused it).
+//!
+//! Invariants:
+//! - Sender tasks write device rings and batch send times just before a batch goes out; the
+//!   subscriber reads both. Entries are single `AtomicU64`s so no lock sits on the per-fix path; a reader that
+//!   finds an entry overwritten (the device sent more than [`RING`] fixes since, or the batch
+//!   slot was reused) counts the event as unmatched instead of guessing.
+//! - The cause of an event: ENTER / EXIT are caused by the fix that completed the confirmation
+//!   run, the (k-1)-th fix after the one at the event's `at` for a fence with confirm count k.
+//!   DWELL is caused by the input that moved the watermark past its deadline: in event clock
+//!   mode the first batch whose largest `ts` reaches `at + lateness`, in live mode the wall
+//!   instant `at + lateness`. A DWELL held back because the device was STALE is caused by the
+//!   fix that ended the silence.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::time::Instant;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+/// Recent fixes remembered per device.
+pub const RING: usize = 4;
+const TS_BITS: u32 = 38;
+const ID_BITS: u32 = 64 - TS_BITS;
+const ID_MASK: u64 = (1 << ID_BITS) - 1;
+const SEND_SLOTS: usize = 1 << 22;
+const SEND_US_BITS: u32 = 40;
+const MARKS: usize = 65_536;
+
+/// Per-fence facts the latency attribution needs.
+#[derive(Debug, Clone, Copy)]
+pub struct FenceFacts {
+    /// `enter_confirm`.
+    pub enter_confirm: u8,
+    /// `exit_confirm`.
+    pub exit_confirm: u8,
+    /// `stale_after` in ms, if on.
+    pub stale_after_ms: Option<i64>,
+    /// `max_accuracy_m`, if on: less accurate fixes do not count towards a confirmation.
+    pub max_accuracy_m: Option<f64>,
+}
+
+/// How the server's watermark moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WatermarkModel {
+    /// `W = max ts seen - lateness`.
+    Event {
+        /// Lateness, ms.
+        lateness_ms: i64,
+    },
+    /// `W = wall now - lateness`; `wall_ms_at_t0` is the Unix time at the tracker's `t0`.
+    Live {
+        /// Lateness, ms.
+        lateness_ms: i64,
+        /// Unix ms at `t0`.
+        wall_ms_at_t0: i64,
+    },
+}
+
+/// Latency percentiles of one event type, microseconds.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct LatencySummary {
+    /// Events measured.
+    pub count: u64,
+    /// Events whose cause could not be attributed.
+    pub unmatched: u64,
+    /// Median, µs.
+    pub p50_us: u64,
+    /// 99th percentile, µs.
+    pub p99_us: u64,
+    /// 99.9th percentile, µs.
+    pub p999_us: u64,
+    /// Largest, µs.
+    pub max_us: u64,
+}
+
+/// The shared bookkeeping.
+#[derive(Debug)]
+pub struct Tracker {
+    t0: Instant,
+    start_ts: i64,
+    model: WatermarkModel,
+    rings: Vec<[AtomicU64; RING]>,
+    /// Reported accuracy of each ring entry (f32 bits), for the fences' accuracy filters.
+    accuracy: Vec<[AtomicU32; RING]>,
+    sends: Vec<AtomicU64>,
+    /// (running max of batch max ts, send µs) in send order, for DWELL attribution.
+    marks: Mutex<VecDeque<(i64, u64)>>,
+    fences: HashMap<String, FenceFacts>,
+    prefix: String,
+    hist: Mutex<Hists>,
+}
+
+#[derive(Debug)]
+struct Hists {
+    by_type: [Histogram<u64>; 3],
+    all: Histogram<u64>,
+    unmatched: [u64; 3],
+}
+
+/// Event types the tracker knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// ENTER.
+    Enter = 0,
+    /// EXIT.
+    Exit = 1,
+    /// DWELL.
+    Dwell = 2,
+}
+
+fn new_hist() -> Histogram<u64> {
+    // 1 µs .. 10 min at 3 significant digits; creation only fails for invalid bounds.
+    Histogram::new_with_bounds(1, 600_000_000, 3).expect("valid histogram bounds")
+}
+
+impl Tracker {
+    /// Bookkeeping for `devices` devices whose fixes start at `start_ts`.
+    pub fn new(
+        devices: u32,
+        start_ts: i64,
+        model: WatermarkModel,
+        fences: HashMap<String, FenceFacts>,
+        prefix: String,
+    ) -> Tracker {
+        Tracker {
+            t0: Instant::now(),
+            start_ts,
+            model,
+            rings: (0..devices)
+                .map(|_| std::array::from_fn(|_| AtomicU64::new(0)))
+                .collect(),
+            accuracy: (0..devices)
+                .map(|_| std::array::from_fn(|_| AtomicU32::new(0)))
+                .collect(),
+            sends: (0..SEND_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            marks: Mutex::new(VecDeque::new()),
+            fences,
+            prefix,
+            hist: Mutex::new(Hists {
+                by_type: [new_hist(), new_hist(), new_hist()],
+                all: new_hist(),
+                unmatched: [0; 3],
+            }),
+        }
+    }
+
+    /// The same bookkeeping under another watermark model (e.g. a live model anchored at `t0`).
+    pub fn with_model(mut self, model: WatermarkModel) -> Tracker {
+        self.model = model;
+        self
+    }
+
+    /// The instant latencies are measured from.
+    pub fn t0(&self) -> Instant {
+        self.t0
+    }
+
+    /// µs since `t0`.
+    pub fn now_us(&self) -> u64 {
+        self.t0.elapsed().as_micros() as u64
+    }
+
+    /// Sender side: the fix of `device` at `ts` goes out in `batch`. It replaces the device's
+    /// oldest remembered fix.
+    pub fn note_fix(&self, device: u32, ts: i64, batch: u64, accuracy: f32) {
+        let Some(ring) = self.rings.get(device as usize) else {
+            return;
+        };
+        let rel = (ts - self.start_ts).max(0) as u64 & ((1 << TS_BITS) - 1);
+        let (oldest, _) = ring
+            .iter()
+            .enumerate()
+            .map(|(i, a)| (i, a.load(Relaxed)))
+            .min_by_key(|&(_, v)| v)
+            .unwrap_or((0, 0));
+        self.accuracy[device as usize][oldest].store(accuracy.to_bits(), Relaxed);
+        ring[oldest].store((rel << ID_BITS) | (batch & ID_MASK), Relaxed);
+    }
+
+    /// Sender side: `batch`, whose largest `ts` is `max_ts`, went on the wire now.
+    pub fn note_send(&self, batch: u64, max_ts: i64) -> u64 {
+        let us = self.now_us();
+        let slot = (batch as usize) & (SEND_SLOTS - 1);
+        let tag = batch >> SEND_SLOTS.trailing_zeros();
+        self.sends[slot].store((tag << SEND_US_BITS) | (us + 1), Relaxed);
+        let mut marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+        let top = marks.back().map_or(i64::MIN, |m| m.0).max(max_ts);
+        marks.push_back((top, us));
+        // Keep about a minute of history at 1,000 batches/s.
+        if marks.len() > MARKS {
+            marks.pop_front();
+        }
+        us
+    }
+
+    fn send_us(&self, batch_low: u64) -> Option<u64> {
+        // `batch_low` holds the batch id's low ID_BITS; the slot's tag gives the rest.
+        let slot = (batch_low as usize) & (SEND_SLOTS - 1);
+        let v = self.sends[slot].load(Relaxed);
+        if v == 0 {
+            return None;
+        }
+        let tag = v >> SEND_US_BITS;
+        let id = (tag << SEND_SLOTS.trailing_zeros()) | slot as u64;
+        (id & ID_MASK == batch_low).then_some((v & ((1 << SEND_US_BITS) - 1)) - 1)
+    }
+
+    /// The device's remembered fixes, oldest first: (ts, batch id low bits, accuracy).
+    fn recent(&self, device: u32) -> Vec<(i64, u64, f32)> {
+        let (Some(ring), Some(acc)) = (
+            self.rings.get(device as usize),
+            self.accuracy.get(device as usize),
+        ) else {
+            return Vec::new();
+        };
+        let mut v: Vec<(i64, u64, f32)> = ring
+            .iter()
+            .zip(acc)
+            .map(|(a, b)| (a.load(Relaxed), f32::from_bits(b.load(Relaxed))))
+            .filter(|&(e, _)| e != 0)
+            .map(|(e, a)| ((e >> ID_BITS) as i64 + self.start_ts, e & ID_MASK, a))
+            .collect();
+        v.sort_unstable_by_key(|x| (x.0, x.1));
+        v
+    }
+
+    fn device_of(&self, id: &str) -> Option<u32> {
+        id.strip_prefix(&self.prefix)?.parse().ok()
+    }
+
+    /// When the input that caused this event was sent (µs since `t0`), if known.
+    pub fn cause_us(&self, kind: Kind, device: &str, fence: &str, at: i64) -> Option<u64> {
+        let facts = self.fences.get(fence).copied();
+        let dev = self.device_of(device)?;
+        match kind {
+            Kind::Enter | Kind::Exit => {
+                let k = facts.map_or(1, |f| match kind {
+                    Kind::Enter => f.enter_confirm,
+                    _ => f.exit_confirm,
+                }) as usize;
+                let max_acc = facts.and_then(|f| f.max_accuracy_m);
+                let counts = |a: f32| max_acc.is_none_or(|m| a as f64 <= m);
+                let recent = self.recent(dev);
+                let i = recent.iter().position(|&(ts, _, _)| ts == at)?;
+                // The k-th counting fix from `at` on completed the run.
+                let (_, batch, _) = recent[i..]
+                    .iter()
+                    .filter(|&&(_, _, a)| counts(a))
+                    .nth(k.max(1) - 1)?;
+                self.send_us(*batch)
+            }
+            Kind::Dwell => {
+                let recent = self.recent(dev);
+                if let Some(stale) = facts.and_then(|f| f.stale_after_ms) {
+                    // A fix after the deadline that follows a silence spanning it released a
+                    // held DWELL.
+                    for w in recent.windows(2) {
+                        let (w0, w1) = ((w[0].0, w[0].1), (w[1].0, w[1].1));
+                        let w = [w0, w1];
+                        if w[1].0 > at && w[0].0 <= at && at - w[0].0 > stale {
+                            return self.send_us(w[1].1);
+                        }
+                    }
+                }
+                match self.model {
+                    WatermarkModel::Event { lateness_ms } => {
+                        let need = at + lateness_ms;
+                        let marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+                        let i = marks.partition_point(|m| m.0 < need);
+                        // Marks older than the history make the cause unknowable.
+                        if i == 0 && marks.len() == MARKS {
+                            return None;
+                        }
+                        marks.get(i).map(|m| m.1)
+                    }
+                    WatermarkModel::Live {
+                        lateness_ms,
+                        wall_ms_at_t0,
+                    } => {
+                        let due_ms = at + lateness_ms - wall_ms_at_t0;
+                        Some((due_ms.max(0) as u64) * 1000)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Subscriber side: an event arrived now.
+    pub fn record(&self, kind: Kind, device: &str, fence: &str, at: i64) {
+        let now = self.now_us();
+        let cause = self.cause_us(kind, device, fence, at);
+        let mut h = self.hist.lock().unwrap_or_else(|e| e.into_inner());
+        match cause {
+            Some(c) => {
+                let lat = now.saturating_sub(c).max(1);
+                let _ = h.by_type[kind as usize].record(lat.min(600_000_000));
+                let _ = h.all.record(lat.min(600_000_000));
+            }
+            None => h.unmatched[kind as usize] += 1,
+        }
+    }
+
+    /// Percentiles per type (enter, exit, dwell) and over all.
+    pub fn summaries(&self) -> ([LatencySummary; 3], LatencySummary) {
+        let h = self.hist.lock().unwrap_or_else(|e| e.into_inner());
+        let sum = |x: &Histogram<u64>, unmatched: u64| LatencySummary {
+            count: x.len(),
+            unmatched,
+            p50_us: x.value_at_quantile(0.50),
+            p99_us: x.value_at_quantile(0.99),
+            p999_us: x.value_at_quantile(0.999),
+            max_us: x.max(),
+        };
+        (
+            std::array::from_fn(|k| sum(&h.by_type[k], h.unmatched[k])),
+            sum(&h.all, h.unmatched.iter().sum()),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(enter: u8, exit: u8) -> HashMap<String, FenceFacts> {
+        HashMap::from([(
+            "f".to_string(),
+            FenceFacts {
+                enter_confirm: enter,
+                exit_confirm: exit,
+                stale_after_ms: Some(900_000),
+                max_accuracy_m: Some(50.0),
+            },
+        )])
+    }
+
+    #[test]
+    fn enter_is_attributed_to_the_confirming_fix_batch() {
+        let t = Tracker::new(
+            4,
+            1_000,
+            WatermarkModel::Event { lateness_ms: 0 },
+            facts(2, 1),
+            "d".into(),
+        );
+        t.note_fix(1, 2_000, 7, 5.0);
+        t.note_fix(1, 3_000, 8, 5.0);
+        assert_eq!(
+            t.cause_us(Kind::Enter, "d1", "f", 2_000),
+            None,
+            "batch 8 not sent yet"
+        );
+        let sent = t.note_send(8, 3_000);
+        assert_eq!(t.cause_us(Kind::Enter, "d1", "f", 2_000), Some(sent));
+        // Exit confirm 1: the fix at `at` itself.
+        let s7 = t.note_send(7, 2_000);
+        assert_eq!(t.cause_us(Kind::Exit, "d1", "f", 2_000), Some(s7));
+        // An inaccurate fix does not count towards the fence's confirmation.
+        t.note_fix(2, 2_000, 9, 5.0);
+        t.note_fix(2, 3_000, 10, 90.0);
+        t.note_fix(2, 4_000, 11, 5.0);
+        t.note_send(10, 3_000);
+        let s11 = t.note_send(11, 4_000);
+        assert_eq!(t.cause_us(Kind::Enter, "d2", "f", 2_000), Some(s11));
+        // Unknown device / prefix / ts.
+        assert_eq!(t.cause_us(Kind::Enter, "x1", "f", 2_000), None);
+        assert_eq!(t.cause_us(Kind::Exit, "d1", "f", 2_500), None);
+    }
+
+    #[test]
+    fn ring_overwrite_makes_old_fixes_unmatched() {
+        let t = Tracker::new(
+            1,
+            0,
+            WatermarkModel::Event { lateness_ms: 0 },
+            facts(1, 1),
+            "d".into(),
+        );
+        for n in 0..(RING as u64 + 1) {
+            t.note_fix(0, 1_000 * (n as i64 + 1), n, 5.0);
+            t.note_send(n, 1_000 * (n as i64 + 1));
+        }
+        assert_eq!(t.cause_us(Kind::Enter, "d0", "f", 1_000), None);
+        assert!(t.cause_us(Kind::Enter, "d0", "f", 2_000).is_some());
+    }
+
+    #[test]
+    fn dwell_waits_for_the_batch_passing_the_deadline_or_the_silence_end() {
+        let t = Tracker::new(
+            1,
+            0,
+            WatermarkModel::Event { lateness_ms: 500 },
+            facts(1, 1),
+            "d".into(),
+        );
+        let a = t.note_send(1, 10_000);
+        let b = t.note_send(2, 20_000);
+        let _ = a;
+        // Deadline 19_000 + lateness 500 is first reached by batch 2.
+        assert_eq!(t.cause_us(Kind::Dwell, "d0", "f", 19_000), Some(b));
+        assert_eq!(t.cause_us(Kind::Dwell, "d0", "f", 30_000), None);
+        // A silence of more than stale_after spanning the deadline: the fix ending it.
+        t.note_fix(0, 100_000, 3, 5.0);
+        t.note_fix(0, 1_100_000, 4, 5.0);
+        let c = t.note_send(4, 1_100_000);
+        assert_eq!(t.cause_us(Kind::Dwell, "d0", "f", 1_050_000), Some(c));
+    }
+
+    #[test]
+    fn live_dwell_is_due_at_the_wall_instant() {
+        let model = WatermarkModel::Live {
+            lateness_ms: 1_000,
+            wall_ms_at_t0: 50_000,
+        };
+        let t = Tracker::new(1, 0, model, facts(1, 1), "d".into());
+        assert_eq!(t.cause_us(Kind::Dwell, "d0", "f", 51_000), Some(2_000_000));
+    }
+}
