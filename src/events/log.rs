@@ -18,10 +18,22 @@ use crate::core::time::{Dur, Ts};
 /// An event as stored: stamped with `seq` and `emitted_at`, plus its JSON text.
 #[derive(Debug)]
 pub struct LoggedEvent {
-    /// The stamped event.
+    /// The stamped event, without its `tags` (they are in `json`).
     pub event: Event,
-    /// `serde_json` text of `event`.
+    /// `serde_json` text of the whole event, tags included: what subscribers receive.
     pub json: Arc<str>,
+}
+
+impl LoggedEvent {
+    /// Serializes `event` and keeps what filters and cursors need; the fence tags live only in
+    /// the JSON (a second parsed copy per logged event cost ~150 bytes x the log's capacity).
+    pub fn new(mut event: Event) -> LoggedEvent {
+        let json: Arc<str> = serde_json::to_string(&event)
+            .unwrap_or_else(|_| "{}".to_string())
+            .into();
+        event.tags = serde_json::Value::Null;
+        LoggedEvent { event, json }
+    }
 }
 
 /// What a read returned.
@@ -84,10 +96,7 @@ impl EventLog {
                 e.seq = g.next_seq;
                 e.emitted_at = Some(wall_now);
                 g.next_seq += 1;
-                let json: Arc<str> = serde_json::to_string(&e)
-                    .unwrap_or_else(|_| "{}".to_string())
-                    .into();
-                let le = Arc::new(LoggedEvent { event: e, json });
+                let le = Arc::new(LoggedEvent::new(e));
                 g.buf.push_back(le.clone());
                 out.push(le);
             }

@@ -208,9 +208,9 @@ async fn run(
                 e.seq = next_seq;
                 e.emitted_at = Some(now);
                 next_seq += 1;
-                let json: Arc<str> = serde_json::to_string(&e).unwrap_or_default().into();
-                p.batch.events.push((e.seq, json.clone()));
-                p.events.push(Arc::new(LoggedEvent { event: e, json }));
+                let le = LoggedEvent::new(e);
+                p.batch.events.push((le.event.seq, le.json.clone()));
+                p.events.push(Arc::new(le));
             }
             p.batch.devices_put.extend(s.devices);
             p.batch.fences_put.extend(s.fences_put);

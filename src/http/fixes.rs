@@ -28,8 +28,8 @@ pub fn body_or_error(body: Result<Bytes, BytesRejection>, limit: usize) -> Resul
     })
 }
 
-/// One item of a batch: its JSON, or why it could not be read (code, message).
-pub type Item = Result<Value, (&'static str, String)>;
+pub use crate::ingest::Item;
+use crate::ingest::{RawItem, read_array, read_item};
 
 /// Splits a body into JSON items: NDJSON lines, array elements, or one object.
 pub fn items_of(headers: &HeaderMap, body: &[u8]) -> Result<Vec<Item>, ApiError> {
@@ -44,18 +44,21 @@ pub fn items_of(headers: &HeaderMap, body: &[u8]) -> Result<Vec<Item>, ApiError>
         return Ok(text
             .lines()
             .filter(|l| !l.trim().is_empty())
-            .map(|l| {
-                serde_json::from_str::<Value>(l)
-                    .map_err(|e| ("malformed_json", format!("line is not JSON: {e}")))
-            })
+            .map(|l| read_item(l, "line"))
             .collect());
+    }
+    let text = std::str::from_utf8(body).map_err(|e| {
+        ApiError::bad_request("malformed_json", format!("body is not valid JSON: {e}"))
+    })?;
+    if let Some(items) = read_array(text) {
+        return Ok(items);
     }
     let v: Value = serde_json::from_slice(body).map_err(|e| {
         ApiError::bad_request("malformed_json", format!("body is not valid JSON: {e}"))
     })?;
     match v {
-        Value::Array(items) => Ok(items.into_iter().map(Ok).collect()),
-        Value::Object(_) => Ok(vec![Ok(v)]),
+        Value::Array(items) => Ok(items.into_iter().map(|v| Ok(RawItem::Json(v))).collect()),
+        Value::Object(_) => Ok(vec![read_item(text, "body")]),
         other => Err(ApiError::bad_request(
             "malformed_batch",
             format!(

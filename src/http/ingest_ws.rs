@@ -12,7 +12,7 @@ use axum::response::Response;
 use serde_json::{Value, json};
 
 use crate::http::error::ApiError;
-use crate::ingest::{BatchError, submit};
+use crate::ingest::{BatchError, RawItem, read_array, read_item, submit};
 use crate::state::AppState;
 
 /// `GET /v1/ingest/ws`.
@@ -97,9 +97,16 @@ async fn run(st: Arc<AppState>, mut socket: WebSocket) {
             Some(Ok(Message::Close(_))) | None => return,
             Some(Ok(_)) => continue,
         };
-        let items = match serde_json::from_str::<Value>(&text) {
-            Ok(Value::Array(items)) => items.into_iter().map(Ok).collect::<Vec<_>>(),
-            Ok(v @ Value::Object(_)) => vec![Ok(v)],
+        let parsed = match read_array(&text) {
+            Some(items) => Ok::<_, serde_json::Error>(items),
+            None => serde_json::from_str::<Value>(&text).map(|v| match v {
+                Value::Array(items) => items.into_iter().map(|v| Ok(RawItem::Json(v))).collect(),
+                Value::Object(_) => vec![read_item(&text, "frame")],
+                _ => Vec::new(),
+            }),
+        };
+        let items = match parsed {
+            Ok(items) if !items.is_empty() || text.trim_start().starts_with('[') => items,
             Ok(_) => {
                 let _ = socket
                     .send(error_frame(
