@@ -271,12 +271,36 @@ pub async fn submit(
     transport: &'static str,
     items: Vec<Item>,
 ) -> Result<IngestReport, BatchError> {
+    dispatch(st, transport, items)?.wait().await
+}
+
+/// One shard's answer to its part of a batch: per item index, the outcome (once committed).
+type ShardReply =
+    oneshot::Receiver<Result<Vec<(usize, Result<Ingested, IngestError>)>, PublishError>>;
+
+/// A batch handed to its shards, waiting for their (committed) outcomes.
+#[derive(Debug)]
+pub struct Pending {
+    report: IngestReport,
+    replies: Vec<ShardReply>,
+}
+
+/// The synchronous half of [`submit`]: validates, stamps and sends the batch to its shards, all
+/// or nothing. Batches dispatched one after another reach every shard in that order, so a
+/// connection may dispatch its next batch before the previous one's answer (pipelining) without
+/// reordering anything.
+pub fn dispatch(
+    st: &AppState,
+    transport: &'static str,
+    items: Vec<Item>,
+) -> Result<Pending, BatchError> {
     let arrived = Instant::now();
     counter!(t::FIXES_RECEIVED, "transport" => transport).increment(items.len() as u64);
     let wall_now = st.wall.now();
     let mut report = IngestReport::default();
     let shards = st.shards.len();
     let mut per_shard: Vec<Vec<StampedFix>> = vec![Vec::new(); shards];
+    let mut max_w: Option<Ts> = None;
     for (index, item) in items.into_iter().enumerate() {
         let fix = item.and_then(|v| parse_fix(&v, st, wall_now));
         match fix {
@@ -293,6 +317,7 @@ pub async fn submit(
                     ClockMode::Live => wall_now.minus(st.cfg.lateness),
                     ClockMode::Event => st.observe_event_ts(fix.ts),
                 };
+                max_w = max_w.max(Some(w));
                 per_shard[shard_of(&fix.device, shards)].push(StampedFix { index, fix, w });
             }
         }
@@ -330,38 +355,49 @@ pub async fn submit(
         });
         replies.push(rx);
     }
-    st.publish_event_watermark();
-    for rx in replies {
-        let outcomes = match rx.await {
-            Ok(Ok(outcomes)) => outcomes,
-            Ok(Err(PublishError::Store(msg))) => return Err(BatchError::StoreUnavailable(msg)),
-            Ok(Err(PublishError::Closed)) | Err(_) => return Err(BatchError::ShuttingDown),
-        };
-        for (index, o) in outcomes {
-            match o {
-                Ok(Ingested::Accepted) => report.accepted += 1,
-                Ok(Ingested::Late) => {
-                    counter!(t::FIXES_LATE).increment(1);
-                    report.late += 1
-                }
-                Ok(Ingested::Duplicate) => {
-                    counter!(t::FIXES_DUPLICATE).increment(1);
-                    report.duplicate += 1
-                }
-                Err(e @ IngestError::BufferFull { .. }) => {
-                    counter!(t::FIXES_REJECTED, "reason" => "buffer_full").increment(1);
-                    report.errors.push(ItemError {
-                        index,
-                        code: "buffer_full",
-                        message: e.to_string(),
-                    });
+    st.publish_event_watermark(max_w);
+    Ok(Pending { report, replies })
+}
+
+impl Pending {
+    /// Waits for every shard's outcome and builds the batch's report.
+    pub async fn wait(self) -> Result<IngestReport, BatchError> {
+        let Pending {
+            mut report,
+            replies,
+        } = self;
+        for rx in replies {
+            let outcomes = match rx.await {
+                Ok(Ok(outcomes)) => outcomes,
+                Ok(Err(PublishError::Store(msg))) => return Err(BatchError::StoreUnavailable(msg)),
+                Ok(Err(PublishError::Closed)) | Err(_) => return Err(BatchError::ShuttingDown),
+            };
+            for (index, o) in outcomes {
+                match o {
+                    Ok(Ingested::Accepted) => report.accepted += 1,
+                    Ok(Ingested::Late) => {
+                        counter!(t::FIXES_LATE).increment(1);
+                        report.late += 1
+                    }
+                    Ok(Ingested::Duplicate) => {
+                        counter!(t::FIXES_DUPLICATE).increment(1);
+                        report.duplicate += 1
+                    }
+                    Err(e @ IngestError::BufferFull { .. }) => {
+                        counter!(t::FIXES_REJECTED, "reason" => "buffer_full").increment(1);
+                        report.errors.push(ItemError {
+                            index,
+                            code: "buffer_full",
+                            message: e.to_string(),
+                        });
+                    }
                 }
             }
         }
+        report.errors.sort_by_key(|e| e.index);
+        report.rejected = report.errors.len();
+        Ok(report)
     }
-    report.errors.sort_by_key(|e| e.index);
-    report.rejected = report.errors.len();
-    Ok(report)
 }
 
 #[cfg(test)]

@@ -186,9 +186,13 @@ pub async fn run(mut engine: Engine, mut rx: mpsc::Receiver<ShardMsg>, mut ctx: 
             }
             _ = tokio::time::sleep_until(wake.unwrap_or_else(Instant::now).into()), if wake.is_some() => {}
         }
-        // After any step, bring the engine up to the current watermark.
+        // After any step, bring the engine up to the current watermark. In event mode, batches
+        // already queued here were stamped before the published watermark moved on (a batch is
+        // sent before its stamp is published): apply them first, or their fixes would look late.
+        // A busy shard still advances, by each fix's own stamp.
         let w = match ctx.clock {
             ClockMode::Live => Some(ctx.wall.now().minus(ctx.lateness)),
+            ClockMode::Event if !rx.is_empty() => None,
             ClockMode::Event => *ctx.event_w.borrow_and_update(),
         };
         if let Some(w) = w {

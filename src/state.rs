@@ -59,12 +59,16 @@ impl AppState {
         Ts(prev.max(ts.0)).minus(self.cfg.lateness)
     }
 
-    /// event mode: publishes the current watermark to every shard (no-op in live mode or before
-    /// any fix).
-    pub fn publish_event_watermark(&self) {
-        let m = self.max_seen.load(Ordering::Acquire);
-        if m != i64::MIN {
-            let w = Ts(m).minus(self.cfg.lateness);
+    /// event mode: publishes `w`, the largest watermark a batch's fixes were stamped with, to
+    /// every shard once that batch has been sent to them (no-op in live mode). Publishing the
+    /// batch's own stamp rather than the global maximum matters: another batch may have been
+    /// stamped higher and not be sent yet, and a shard that moved past its fixes first would
+    /// find them late.
+    pub fn publish_event_watermark(&self, w: Option<Ts>) {
+        if self.cfg.clock != crate::config::ClockMode::Event {
+            return;
+        }
+        if let Some(w) = w {
             self.event_w.send_if_modified(|cur| {
                 if cur.is_none_or(|c| c < w) {
                     *cur = Some(w);

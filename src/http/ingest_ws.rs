@@ -1,5 +1,7 @@
 //! `GET /v1/ingest/ws`: WebSocket ingest. Each text frame is one fix object or an array of fixes;
-//! each gets one text frame back with the same report as `POST /v1/fixes`. A text frame that is
+//! each gets one text frame back, in order, with the same report as `POST /v1/fixes`. Up to
+//! [`WINDOW`] frames are in the pipeline at once: a frame is dispatched to the shards while
+//! earlier ones wait for their commit, so one connection is not limited to one fsync per frame. A text frame that is
 //! not JSON gets an error frame and close code 1007; a binary frame gets close code 1003;
 //! overload closes with 1013 ("try again later"); shutdown with 1001.
 
@@ -12,7 +14,10 @@ use axum::response::Response;
 use serde_json::{Value, json};
 
 use crate::http::error::ApiError;
-use crate::ingest::{BatchError, RawItem, read_array, read_item, submit};
+use futures_util::StreamExt;
+use futures_util::stream::FuturesOrdered;
+
+use crate::ingest::{BatchError, IngestReport, Pending, RawItem, dispatch, read_array, read_item};
 use crate::state::AppState;
 
 /// `GET /v1/ingest/ws`.
@@ -46,131 +51,186 @@ fn close(code: u16, reason: &'static str) -> Message {
     }))
 }
 
+/// Frames a connection may have dispatched and not yet answered. Dispatch order is the order
+/// the shards see, so pipelining keeps a connection's fixes in order while the store commits
+/// earlier frames.
+const WINDOW: usize = 16;
+
+/// What one received frame asks for.
+enum Step {
+    /// Dispatched to the shards; its answer comes in order.
+    Dispatched(Pending),
+    /// Answer at once (after the frames before it), keep the connection.
+    Reply(Message),
+    /// Answer at once and close.
+    Fatal(Vec<Message>),
+    /// Nothing to answer (ping, pong).
+    Skip,
+    /// The client is gone.
+    Gone,
+}
+
 async fn run(st: Arc<AppState>, mut socket: WebSocket) {
+    let mut inflight = FuturesOrdered::new();
     loop {
-        let msg = tokio::select! {
+        let step = tokio::select! {
+            biased;
             _ = st.shutdown.cancelled() => {
+                // Batches already dispatched are applied by the shards whatever happens here;
+                // answer them if they complete within the drain, then say goodbye.
+                while let Some(r) = inflight.next().await {
+                    if !answer(&mut socket, r).await {
+                        return;
+                    }
+                }
                 let _ = socket.send(close(close_code::AWAY, "server shutting down")).await;
                 return;
             }
-            m = socket.recv() => m,
+            Some(r) = inflight.next(), if !inflight.is_empty() => {
+                if !answer(&mut socket, r).await {
+                    return;
+                }
+                continue;
+            }
+            m = socket.recv(), if inflight.len() < WINDOW => frame(&st, m),
         };
-        let text = match msg {
-            Some(Ok(Message::Text(t))) => t,
-            Some(Ok(Message::Binary(_))) => {
-                let _ = socket
-                    .send(error_frame(
-                        "binary_frame",
-                        "send fixes as JSON text frames",
-                    ))
-                    .await;
-                let _ = socket
-                    .send(close(
-                        close_code::UNSUPPORTED,
-                        "binary frames are not supported",
-                    ))
-                    .await;
+        match step {
+            Step::Dispatched(p) => inflight.push_back(p.wait()),
+            Step::Skip => {}
+            Step::Gone => {
+                // Let dispatched batches finish before the task ends (their outcome is already
+                // decided by the shards; nobody is left to tell).
+                while inflight.next().await.is_some() {}
                 return;
             }
-            Some(Err(e)) => {
-                // The only receive errors a live client can cause are protocol violations and
-                // frames over the size limit; tell it which before the socket goes.
-                let text = e.to_string();
-                let too_big = text.contains("too long") || text.contains("Space limit");
-                let (code, reason, err) = if too_big {
-                    (
-                        close_code::SIZE,
-                        "frame larger than max_body_bytes",
-                        "frame_too_large",
-                    )
-                } else {
-                    (
-                        close_code::PROTOCOL,
-                        "WebSocket protocol error",
-                        "protocol_error",
-                    )
-                };
-                let _ = socket.send(error_frame(err, &text)).await;
-                let _ = socket.send(close(code, reason)).await;
-                return;
-            }
-            Some(Ok(Message::Close(_))) | None => return,
-            Some(Ok(_)) => continue,
-        };
-        let parsed = match read_array(&text) {
-            Some(items) => Ok::<_, serde_json::Error>(items),
-            None => serde_json::from_str::<Value>(&text).map(|v| match v {
-                Value::Array(items) => items.into_iter().map(|v| Ok(RawItem::Json(v))).collect(),
-                Value::Object(_) => vec![read_item(&text, "frame")],
-                _ => Vec::new(),
-            }),
-        };
-        let items = match parsed {
-            Ok(items) if !items.is_empty() || text.trim_start().starts_with('[') => items,
-            Ok(_) => {
-                let _ = socket
-                    .send(error_frame(
-                        "malformed_batch",
-                        "a frame must be a fix object or an array of fixes",
-                    ))
-                    .await;
-                let _ = socket
-                    .send(close(close_code::INVALID, "frame is not a fix or an array"))
-                    .await;
-                return;
-            }
-            Err(e) => {
-                let _ = socket
-                    .send(error_frame(
-                        "malformed_json",
-                        &format!("frame is not JSON: {e}"),
-                    ))
-                    .await;
-                let _ = socket
-                    .send(close(close_code::INVALID, "frame is not JSON"))
-                    .await;
-                return;
-            }
-        };
-        if items.is_empty() || items.len() > st.cfg.max_batch {
-            let _ = socket
-                .send(error_frame(
-                    "bad_batch_size",
-                    &format!("a frame must hold 1..={} fixes", st.cfg.max_batch),
-                ))
-                .await;
-            continue;
-        }
-        match submit(&st, "ws", items).await {
-            Ok(report) => {
-                let body = serde_json::to_string(&report).unwrap_or_default();
-                if socket.send(Message::Text(body.into())).await.is_err() {
+            Step::Reply(m) => {
+                if !drain(&mut socket, &mut inflight).await || socket.send(m).await.is_err() {
                     return;
                 }
             }
-            Err(BatchError::Overloaded) => {
-                let _ = socket
-                    .send(error_frame(
-                        "overloaded",
-                        "ingest queues are full; reconnect and retry",
-                    ))
-                    .await;
-                let _ = socket.send(close(close_code::AGAIN, "overloaded")).await;
-                return;
-            }
-            Err(BatchError::StoreUnavailable(msg)) => {
-                let _ = socket.send(error_frame("store_unavailable", &msg)).await;
-                let _ = socket
-                    .send(close(close_code::AGAIN, "state store unavailable"))
-                    .await;
-                return;
-            }
-            Err(BatchError::ShuttingDown) => {
-                let _ = socket
-                    .send(close(close_code::AWAY, "server shutting down"))
-                    .await;
+            Step::Fatal(ms) => {
+                if drain(&mut socket, &mut inflight).await {
+                    for m in ms {
+                        let _ = socket.send(m).await;
+                    }
+                }
                 return;
             }
         }
+    }
+}
+
+/// Answers every dispatched frame, in order; false when the connection ended.
+async fn drain<F>(socket: &mut WebSocket, inflight: &mut FuturesOrdered<F>) -> bool
+where
+    F: std::future::Future<Output = Result<IngestReport, BatchError>>,
+{
+    while let Some(r) = inflight.next().await {
+        if !answer(socket, r).await {
+            return false;
+        }
+    }
+    true
+}
+
+/// Sends one frame's answer; false when the connection must end.
+async fn answer(socket: &mut WebSocket, r: Result<IngestReport, BatchError>) -> bool {
+    match r {
+        Ok(report) => {
+            let body = serde_json::to_string(&report).unwrap_or_default();
+            socket.send(Message::Text(body.into())).await.is_ok()
+        }
+        Err(e) => {
+            for m in batch_error(e) {
+                let _ = socket.send(m).await;
+            }
+            false
+        }
+    }
+}
+
+/// The frames that answer a batch that could not be taken, ending with a close.
+fn batch_error(e: BatchError) -> Vec<Message> {
+    match e {
+        BatchError::Overloaded => vec![
+            error_frame("overloaded", "ingest queues are full; reconnect and retry"),
+            close(close_code::AGAIN, "overloaded"),
+        ],
+        BatchError::StoreUnavailable(msg) => vec![
+            error_frame("store_unavailable", &msg),
+            close(close_code::AGAIN, "state store unavailable"),
+        ],
+        BatchError::ShuttingDown => vec![close(close_code::AWAY, "server shutting down")],
+    }
+}
+
+/// Reads one received message into a [`Step`].
+fn frame(st: &AppState, msg: Option<Result<Message, axum::Error>>) -> Step {
+    let text = match msg {
+        Some(Ok(Message::Text(t))) => t,
+        Some(Ok(Message::Binary(_))) => {
+            return Step::Fatal(vec![
+                error_frame("binary_frame", "send fixes as JSON text frames"),
+                close(close_code::UNSUPPORTED, "binary frames are not supported"),
+            ]);
+        }
+        Some(Err(e)) => {
+            // The only receive errors a live client can cause are protocol violations and
+            // frames over the size limit; tell it which before the socket goes.
+            let text = e.to_string();
+            let too_big = text.contains("too long") || text.contains("Space limit");
+            let (code, reason, err) = if too_big {
+                (
+                    close_code::SIZE,
+                    "frame larger than max_body_bytes",
+                    "frame_too_large",
+                )
+            } else {
+                (
+                    close_code::PROTOCOL,
+                    "WebSocket protocol error",
+                    "protocol_error",
+                )
+            };
+            return Step::Fatal(vec![error_frame(err, &text), close(code, reason)]);
+        }
+        Some(Ok(Message::Close(_))) | None => return Step::Gone,
+        Some(Ok(_)) => return Step::Skip,
+    };
+    let parsed = match read_array(&text) {
+        Some(items) => Ok::<_, serde_json::Error>(items),
+        None => serde_json::from_str::<Value>(&text).map(|v| match v {
+            Value::Array(items) => items.into_iter().map(|v| Ok(RawItem::Json(v))).collect(),
+            Value::Object(_) => vec![read_item(&text, "frame")],
+            _ => Vec::new(),
+        }),
+    };
+    let items = match parsed {
+        Ok(items) if !items.is_empty() || text.trim_start().starts_with('[') => items,
+        Ok(_) => {
+            return Step::Fatal(vec![
+                error_frame(
+                    "malformed_batch",
+                    "a frame must be a fix object or an array of fixes",
+                ),
+                close(close_code::INVALID, "frame is not a fix or an array"),
+            ]);
+        }
+        Err(e) => {
+            return Step::Fatal(vec![
+                error_frame("malformed_json", &format!("frame is not JSON: {e}")),
+                close(close_code::INVALID, "frame is not JSON"),
+            ]);
+        }
+    };
+    if items.is_empty() || items.len() > st.cfg.max_batch {
+        return Step::Reply(error_frame(
+            "bad_batch_size",
+            &format!("a frame must hold 1..={} fixes", st.cfg.max_batch),
+        ));
+    }
+    match dispatch(st, "ws", items) {
+        Ok(p) => Step::Dispatched(p),
+        Err(e) => Step::Fatal(batch_error(e)),
     }
 }
