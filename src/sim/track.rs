@@ -12,8 +12,9 @@
 //!   run, the (k-1)-th fix after the one at the event's `at` for a fence with confirm count k.
 //!   DWELL is caused by the input that moved the watermark past its deadline: in event clock
 //!   mode the first batch whose largest `ts` reaches `at + lateness`, in live mode the wall
-//!   instant `at + lateness`. A DWELL held back because the device was STALE is caused by the
-//!   fix that ended the silence.
+//!   instant `at + lateness`, provided a remembered fix shows the device fresh at the deadline.
+//!   Otherwise the DWELL may have been held back because the device was STALE, and is caused by
+//!   the first fix after the deadline (unmatched if none is remembered).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -258,14 +259,15 @@ impl Tracker {
             Kind::Dwell => {
                 let recent = self.recent(dev);
                 if let Some(stale) = facts.and_then(|f| f.stale_after_ms) {
-                    // A fix after the deadline that follows a silence spanning it released a
-                    // held DWELL.
-                    for w in recent.windows(2) {
-                        let (w0, w1) = ((w[0].0, w[0].1), (w[1].0, w[1].1));
-                        let w = [w0, w1];
-                        if w[1].0 > at && w[0].0 <= at && at - w[0].0 > stale {
-                            return self.send_us(w[1].1);
-                        }
+                    // Unless a remembered fix shows the device fresh at the deadline, the DWELL
+                    // may have been held STALE and released by the first fix after it; with no
+                    // such fix remembered either, the cause is unknown.
+                    let fresh = recent
+                        .iter()
+                        .any(|&(ts, _, _)| ts <= at && at - ts <= stale);
+                    if !fresh {
+                        let (_, batch, _) = recent.iter().find(|&&(ts, _, _)| ts > at)?;
+                        return self.send_us(*batch);
                     }
                 }
                 match self.model {
@@ -399,6 +401,10 @@ mod tests {
             facts(1, 1),
             "d".into(),
         );
+        // Nothing known about the device at the deadline: unknown.
+        assert_eq!(t.cause_us(Kind::Dwell, "d0", "f", 19_000), None);
+        // A fix shortly before the deadline shows the device fresh: the watermark decides.
+        t.note_fix(0, 18_000, 0, 5.0);
         let a = t.note_send(1, 10_000);
         let b = t.note_send(2, 20_000);
         let _ = a;
@@ -419,6 +425,7 @@ mod tests {
             wall_ms_at_t0: 50_000,
         };
         let t = Tracker::new(1, 0, model, facts(1, 1), "d".into());
+        t.note_fix(0, 50_500, 0, 5.0);
         assert_eq!(t.cause_us(Kind::Dwell, "d0", "f", 51_000), Some(2_000_000));
     }
 }
