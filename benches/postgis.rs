@@ -11,12 +11,16 @@
 //!   `FenceIndex::containing` on every fix (single thread, warm-up on a tenth then the median of
 //!   3 runs, as in `benches/fences.rs`), and writes geodwell's containment pairs sorted
 //!   (`geodwell_{mix}.pairs`: point id, fence id) and `geodwell.json`.
-//! - `--compare DIR --mix small|large --variant NAME [--limit K]`: compares
-//!   `postgis_{mix}_{NAME}.pairs` with `geodwell_{mix}.pairs` (restricted to point ids below K
-//!   when PostGIS ran on a prefix of the points). Every differing pair is classified by an
+//!   It also writes boundary probes (`points_{mix}_probe.tsv`: fence vertices, rounded edge
+//!   midpoints and those moved one ulp, where exact and floating-point predicates can disagree)
+//!   and geodwell's pairs for them (`geodwell_{mix}_probe.pairs`); they are not timed.
+//! - `--compare DIR --mix small|large|small_probe|large_probe --variant NAME [--limit K]`:
+//!   compares `postgis_{mix}_{NAME}.pairs` with `geodwell_{mix}.pairs` (restricted to point ids
+//!   below K when PostGIS ran on a prefix of the points). Every differing pair is classified by an
 //!   exact reference test (robust `orient2d` crossing count, boundary inclusive) and its
 //!   distance to the boundary; writes `compare_{mix}_{NAME}.json`; exit status 1 on any
-//!   difference.
+//!   difference (with `--informational`, used for the probes: only on a difference the exact
+//!   reference decides in PostGIS's favour).
 //! - `--report DIR`: reads `geodwell.json`, `postgis_runs.tsv`, `postgis_meta.tsv` and the
 //!   compare files, prints the markdown table and writes `target/bench/postgis.json`.
 
@@ -237,6 +241,42 @@ fn mix_data(mix: &str, n: usize) -> (Vec<(String, Rings)>, Vec<[f64; 2]>) {
     }
 }
 
+/// Boundary probes: fixes on or within an ulp of fence boundaries, where an exact predicate and a
+/// plain floating-point one can disagree (random fixes essentially never land there). Per probed
+/// edge of a random ring (holes included): its first vertex (exactly on the boundary), the
+/// midpoint rounded to `f64` (within an ulp of the edge, on either side or on it), and that
+/// midpoint moved one ulp east. `per_fence` edges per fence, own seeded stream per mix.
+fn mix_probes(mix: &str, fences: &[(String, Rings)]) -> Vec<[f64; 2]> {
+    let (mut rng, per_fence) = match mix {
+        "small" => (stream(5), 1),
+        _ => (stream(6), 20),
+    };
+    let mut out = Vec::with_capacity(fences.len() * per_fence * 3);
+    for (_, rings) in fences {
+        for _ in 0..per_fence {
+            let ring = &rings[rng.usize(0, rings.len() - 1)];
+            let k = rng.usize(0, ring.len() - 2);
+            let (a, b) = (ring[k], ring[k + 1]);
+            let mid = [0.5 * (a[0] + b[0]), 0.5 * (a[1] + b[1])];
+            out.extend([a, mid, [mid[0].next_up(), mid[1]]]);
+        }
+    }
+    out
+}
+
+/// Pairs (fix id, fence id) of every fence containing each fix, sorted.
+fn containment_pairs(idx: &FenceIndex, fid: &[u32], points: &[[f64; 2]]) -> Vec<(u32, u32)> {
+    let mut pairs = Vec::new();
+    let mut out = Vec::new();
+    for (p, xy) in points.iter().enumerate() {
+        out.clear();
+        idx.containing(xy[0], xy[1], &mut out);
+        pairs.extend(out.iter().map(|i| (p as u32, fid[i.0 as usize])));
+    }
+    pairs.sort_unstable();
+    pairs
+}
+
 // ---------------------------------------------------------------------------------------------
 // Output for PostgreSQL
 // ---------------------------------------------------------------------------------------------
@@ -337,8 +377,10 @@ fn generate(dir: &Path, n: usize) {
     for mix in MIXES {
         let t = Instant::now();
         let (fences, points) = mix_data(mix, n);
+        let probes = mix_probes(mix, &fences);
         write_fences(&dir.join(format!("fences_{mix}.tsv")), &fences);
         write_points(&dir.join(format!("points_{mix}.tsv")), &points);
+        write_points(&dir.join(format!("points_{mix}_probe.tsv")), &probes);
         let write_s = t.elapsed().as_secs_f64();
         let vertices: usize = fences
             .iter()
@@ -365,14 +407,12 @@ fn generate(dir: &Path, n: usize) {
         }
         let (secs, best, hits) = measure(&idx, &points);
         // The pairs, outside the timed runs.
-        let mut pairs: Vec<(u32, u32)> = Vec::with_capacity(hits as usize);
-        let mut out = Vec::new();
-        for (p, xy) in points.iter().enumerate() {
-            out.clear();
-            idx.containing(xy[0], xy[1], &mut out);
-            pairs.extend(out.iter().map(|i| (p as u32, fid[i.0 as usize])));
-        }
-        pairs.sort_unstable();
+        let pairs = containment_pairs(&idx, &fid, &points);
+        let probe_pairs = containment_pairs(&idx, &fid, &probes);
+        write_pairs(
+            &dir.join(format!("geodwell_{mix}_probe.pairs")),
+            &probe_pairs,
+        );
         assert_eq!(
             pairs.len() as u64,
             hits,
@@ -390,7 +430,8 @@ fn generate(dir: &Path, n: usize) {
             mix.to_string(),
             json!({"fences": fence_n, "vertices": vertices, "points": n, "secs_median": secs,
                    "secs_best": best, "fixes_per_s": rate, "fixes_per_s_best": n as f64 / best,
-                   "pairs": hits, "index_build_s": build_s}),
+                   "pairs": hits, "index_build_s": build_s,
+                   "boundary_probes": probes.len(), "boundary_probe_pairs": probe_pairs.len()}),
         );
     }
     let doc = json!({"points_per_mix": n, "threads": 1,
@@ -537,8 +578,9 @@ fn arg_value<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
         .map(String::as_str)
 }
 
-/// Returns the number of differing pairs.
-fn compare(dir: &Path, mix: &str, variant: &str, limit: Option<u32>) -> usize {
+/// Returns the number of differing pairs and how many of them the exact reference decides in
+/// PostGIS's favour.
+fn compare(dir: &Path, mix: &str, variant: &str, limit: Option<u32>) -> (usize, usize) {
     let mut ours = read_pairs(&dir.join(format!("geodwell_{mix}.pairs")));
     let theirs_path = dir.join(format!("postgis_{mix}_{variant}.pairs"));
     let mut theirs = read_pairs(&theirs_path);
@@ -596,7 +638,7 @@ fn compare(dir: &Path, mix: &str, variant: &str, limit: Option<u32>) -> usize {
     let mut max_dist: f64 = 0.0;
     if diff > 0 {
         let points = read_points(&dir.join(format!("points_{mix}.tsv")));
-        let fences = mix_fences(mix);
+        let fences = mix_fences(mix.trim_end_matches("_probe"));
         let tagged = only_ours
             .iter()
             .map(|p| (p, true))
@@ -654,7 +696,7 @@ fn compare(dir: &Path, mix: &str, variant: &str, limit: Option<u32>) -> usize {
         serde_json::to_string_pretty(&doc).unwrap_or_default(),
     )
     .unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
-    diff
+    (diff, right.get("PostGIS").copied().unwrap_or(0))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -759,7 +801,7 @@ fn report(dir: &Path) {
             "large (300 fences, 10k-80k vertices)"
         };
         println!(
-            "| {desc} | geodwell `FenceIndex::containing` | {} | {:.2} s | {} (best {}) | 1 | {} | 1 | reference ({} pairs) |",
+            "| {desc} | geodwell `FenceIndex::containing`, median of 3 | {} | {:.3} s | {} (best {}) | 1 | {} | 1 | reference ({} pairs) |",
             g["points"],
             g["secs_median"].as_f64().unwrap_or(f64::NAN),
             fmt_rate(g_rate),
@@ -768,6 +810,7 @@ fn report(dir: &Path) {
             g["pairs"]
         );
         let mut best_pc: Option<(f64, String)> = None;
+        let mut best_fix: Option<(f64, String)> = None;
         for r in runs.iter().filter(|r| r.mix == mix) {
             let rate = r.points_timed / r.secs_median;
             let per_core = rate / r.cores;
@@ -792,7 +835,12 @@ fn report(dir: &Path) {
                         )
                     }
                 }
-                None => "not compared".to_string(),
+                None => match r.variant.as_str() {
+                    "parallel" | "perfix_tuned" => "same query as the tuned row".to_string(),
+                    "perfix_plain" => "same query as the plain row".to_string(),
+                    "perfix_floor" => "(no containment)".to_string(),
+                    _ => "not compared".to_string(),
+                },
             };
             let extrap = r.note.contains("extrapolated");
             println!(
@@ -815,7 +863,11 @@ fn report(dir: &Path) {
                 fmt_rate(per_core),
                 ratio
             );
-            if r.cores <= 1.0 && best_pc.as_ref().is_none_or(|b| per_core > b.0) {
+            if r.variant.starts_with("perfix") {
+                if r.variant != "perfix_floor" && best_fix.as_ref().is_none_or(|b| per_core > b.0) {
+                    best_fix = Some((per_core, r.label.clone()));
+                }
+            } else if r.cores <= 1.0 && best_pc.as_ref().is_none_or(|b| per_core > b.0) {
                 best_pc = Some((per_core, r.label.clone()));
             }
             out_rows.push(json!({"mix": mix, "variant": r.variant, "label": r.label,
@@ -825,16 +877,51 @@ fn report(dir: &Path) {
                 "geodwell_ratio_per_core": ratio, "note": r.note, "extrapolated": extrap,
                 "compare": cmp.cloned().map(|mut c| { c["differences"] = json!(c["differences"].as_array().map_or(0, Vec::len)); c })}));
         }
-        if let Some((pc, label)) = best_pc {
-            verdicts.push(json!({"mix": mix, "fastest_postgis_per_core": label,
-                "ratio": g_rate / pc, "goal": 50.0, "met": g_rate / pc >= 50.0}));
+        for (what, best) in [("join", best_pc), ("query per fix", best_fix)] {
+            if let Some((pc, label)) = best {
+                verdicts.push(
+                    json!({"mix": mix, "against": what, "fastest_postgis_per_core": label,
+                    "postgis_fixes_per_s_per_core": pc, "geodwell_fixes_per_s": g_rate,
+                    "ratio": g_rate / pc, "goal": 50.0, "met": g_rate / pc >= 50.0}),
+                );
+            }
+        }
+    }
+    let probes: Vec<(&String, &Value)> = compares
+        .iter()
+        .filter(|(k, _)| k.contains("_probe_"))
+        .collect();
+    if !probes.is_empty() {
+        println!(
+            "\nBoundary probes (fence vertices, rounded edge midpoints and those moved one ulp east; not timed):\n"
+        );
+        println!(
+            "| mix | PostGIS fences | probes | pairs geodwell / PostGIS | differing pairs | exact reference sides with geodwell / PostGIS |"
+        );
+        println!("| --- | --- | ---: | ---: | ---: | ---: |");
+        for (k, c) in &probes {
+            let mix = c["mix"].as_str().unwrap_or("").trim_end_matches("_probe");
+            let n_probes = gd["mixes"][mix]["boundary_probes"].as_u64().unwrap_or(0);
+            let diff =
+                c["only_geodwell"].as_u64().unwrap_or(0) + c["only_postgis"].as_u64().unwrap_or(0);
+            println!(
+                "| {mix} | {} | {n_probes} | {} / {} | {diff} ({} only geodwell, {} only PostGIS) | {} / {} |",
+                c["variant"].as_str().unwrap_or(k),
+                c["geodwell_pairs"],
+                c["postgis_pairs"],
+                c["only_geodwell"],
+                c["only_postgis"],
+                c["exact_agrees_with_geodwell"],
+                c["exact_agrees_with_postgis"]
+            );
         }
     }
     println!();
     for v in &verdicts {
         println!(
-            "goal geodwell >= 50x PostGIS per core, {} mix, against PostGIS's fastest single-core row ({}): {:.0}x, {}",
+            "goal geodwell >= 50x PostGIS per core, {} mix, against PostGIS's fastest single-core {} ({}): {:.0}x, {}",
             v["mix"].as_str().unwrap_or(""),
+            v["against"].as_str().unwrap_or(""),
             v["fastest_postgis_per_core"].as_str().unwrap_or(""),
             v["ratio"].as_f64().unwrap_or(f64::NAN),
             if v["met"].as_bool().unwrap_or(false) {
@@ -844,8 +931,16 @@ fn report(dir: &Path) {
             }
         );
     }
+    let probe_docs: Vec<Value> = probes
+        .iter()
+        .map(|(_, c)| {
+            let mut c = (*c).clone();
+            c["differences"] = json!(c["differences"].as_array().map_or(0, Vec::len));
+            c
+        })
+        .collect();
     let doc = json!({"points_per_mix": n, "geodwell": gd, "postgis": out_rows,
-                     "goal": verdicts, "meta": meta});
+                     "boundary_probes": probe_docs, "goal": verdicts, "meta": meta});
     let out_dir = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
@@ -868,13 +963,20 @@ fn main() {
         report(Path::new(dir));
     } else if let Some(dir) = arg_value(&args, "--compare") {
         let mix = arg_value(&args, "--mix").unwrap_or("small");
-        assert!(MIXES.contains(&mix), "--mix must be small or large");
+        assert!(
+            MIXES.contains(&mix.trim_end_matches("_probe")),
+            "--mix must be small, large, small_probe or large_probe"
+        );
         let variant = arg_value(&args, "--variant").unwrap_or("plain");
         let limit = arg_value(&args, "--limit").map(|v| {
             v.parse::<u32>()
                 .unwrap_or_else(|_| panic!("--limit needs a number, got {v:?}"))
         });
-        if compare(Path::new(dir), mix, variant, limit) > 0 {
+        // `--informational` (boundary probes): differences are expected where PostGIS's
+        // floating-point predicate errs; fail only when the exact reference says geodwell erred.
+        let informational = args.iter().any(|a| a == "--informational");
+        let (diff, postgis_right) = compare(Path::new(dir), mix, variant, limit);
+        if postgis_right > 0 || (diff > 0 && !informational) {
             std::process::exit(1);
         }
     } else if let Some(dir) = arg_value(&args, "--out") {
@@ -888,7 +990,7 @@ fn main() {
         generate(Path::new(dir), n);
     } else {
         eprintln!(
-            "usage: cargo bench --bench postgis -- --out DIR [--points N] | --compare DIR --mix small|large --variant NAME [--limit K] | --report DIR\n(normally run by benches/postgis.sh)"
+            "usage: cargo bench --bench postgis -- --out DIR [--points N] | --compare DIR --mix small|large|small_probe|large_probe --variant NAME [--limit K] | --report DIR\n(normally run by benches/postgis.sh)"
         );
         std::process::exit(2);
     }

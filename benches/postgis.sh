@@ -66,21 +66,22 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 DATA=$TARGET/bench/postgis-data
 export PGUSER=${PGUSER:-postgres}
-LONG_RUN=60 # seconds: a variant whose first timed run is longer gets only that run
+LONG_RUN=${POSTGIS_LONG_RUN:-60} # seconds: a variant whose run is longer gets only one (env override for tests)
 
 die() {
 	echo "postgis.sh: error: $*" >&2
 	exit 3
 }
 log() { echo "[$(date -u +%H:%M:%S)] $*" >&2; }
-trap 'echo "postgis.sh: failed at line $LINENO (exit $?): $BASH_COMMAND" >&2' ERR
+# Any unexpected failure ends the run with status 3 (1 is reserved for "pair sets differ").
+trap 'echo "postgis.sh: failed at line $LINENO (exit $?): $BASH_COMMAND" >&2; exit 3' ERR
 
 pg() { psql -X -q -v ON_ERROR_STOP=1 -d "$DB" "$@"; }
 pg_admin() { psql -X -q -v ON_ERROR_STOP=1 -d "${PGADMINDB:-postgres}" "$@"; }
 
-# Session settings of every single-core timing: no parallel workers (one core), no JIT (it
-# compiled ~50 ms of expressions and gained nothing on these function-call-bound plans), enough
-# work_mem for the DISTINCT of the subdivided variant to hash in memory.
+# Session settings of every single-core timing: no parallel workers (one core), no JIT (on a
+# 20,000-fix join it added ~25 ms and gained nothing on these function-call-bound plans), enough
+# work_mem for the DISTINCT of the subdivided variant to stay in memory.
 SERIAL="SET max_parallel_workers_per_gather = 0; SET jit = off; SET work_mem = '256MB';"
 NPROC=$(nproc 2>/dev/null || echo 2)
 WORKERS=$((NPROC > 1 ? NPROC : 2))
@@ -97,7 +98,12 @@ SERVER_NUM=$(pg_admin -Atc 'SHOW server_version_num')
 PG_MAJOR=$((SERVER_NUM / 10000))
 PKG=postgresql-$PG_MAJOR-postgis-3
 
-has_postgis() { [ "$(pg_admin -Atc "SELECT count(*) FROM pg_available_extensions WHERE name = 'postgis'")" != 0 ]; }
+# Available means the extension's files are there and its library loads (a removed package can
+# leave the control files behind): try it in a transaction that is rolled back.
+has_postgis() {
+	[ "$(pg_admin -Atc "SELECT count(*) FROM pg_available_extensions WHERE name = 'postgis'")" != 0 ] &&
+		pg_admin -Atc "BEGIN; CREATE EXTENSION IF NOT EXISTS postgis; SELECT postgis_lib_version(); ROLLBACK;" >/dev/null 2>&1
+}
 if has_postgis; then
 	log "PostGIS is available to PostgreSQL $PG_MAJOR"
 else
@@ -135,8 +141,16 @@ fi
 # ---------------------------------------------------------------------------------------------
 log "geodwell: generating $POINTS fixes per mix and timing FenceIndex::containing"
 cd "$ROOT"
-cargo bench --bench postgis --no-run -q 2>/dev/null || cargo bench --bench postgis --no-run
-bench() { cargo bench -q --bench postgis -- "$@"; }
+# Build once and run the binary directly: later steps must not rebuild a tree that is being edited.
+BUILD_LOG=$(mktemp)
+if ! cargo bench --bench postgis --no-run --message-format=json >"$BUILD_LOG" 2>"$BUILD_LOG.err"; then
+	cat "$BUILD_LOG.err" >&2
+	die "cargo bench --bench postgis --no-run failed"
+fi
+BENCH_BIN=$(grep -o '"executable":"[^"]*postgis[^"]*"' "$BUILD_LOG" | tail -1 | cut -d'"' -f4)
+rm -f "$BUILD_LOG" "$BUILD_LOG.err"
+[ -n "$BENCH_BIN" ] && [ -x "$BENCH_BIN" ] || die "could not find the built postgis bench binary"
+bench() { "$BENCH_BIN" "$@"; }
 mkdir -p "$DATA"
 rm -f "$DATA"/postgis_*.pairs "$DATA"/compare_*.json "$DATA"/postgis_runs.tsv "$DATA"/postgis_meta.tsv "$DATA"/plans.txt
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')
@@ -198,8 +212,14 @@ choose_index() {
 	meta "tuned_index_$m" "$best"
 }
 
-plain_query() { echo "SELECT p.id AS point, f.id AS fence FROM points_$1 p JOIN fences_$1 f ON ST_Covers(f.geom, p.geom) WHERE p.id < $2"; }
-tuned_query() { echo "SELECT DISTINCT p.id AS point, f.id AS fence FROM points_$1 p JOIN fences_$1_tuned f ON ST_Covers(f.geom, p.geom) WHERE p.id < $2"; }
+# The containment queries: MIX LIMIT [POINTS_TABLE]. The tuned one removes the duplicates that
+# pieces of one fence give, when ST_Subdivide split any fence (not for the small mix).
+plain_query() { echo "SELECT p.id AS point, f.id AS fence FROM ${3:-points_$1} p JOIN fences_$1 f ON ST_Covers(f.geom, p.geom) WHERE p.id < $2"; }
+tuned_query() {
+	local distinct=DISTINCT
+	[ "$(meta_get "tuned_split_$1")" = 1 ] || distinct=
+	echo "SELECT $distinct p.id AS point, f.id AS fence FROM ${3:-points_$1} p JOIN fences_$1_tuned f ON ST_Covers(f.geom, p.geom) WHERE p.id < $2"
+}
 
 if [ $RELOAD = 0 ] && [ "$LOADED_SUM" = "$DATA_SUM" ] && [ "$LOADED_SUB" = "$SUBDIVIDE" ]; then
 	log "database $DB already holds this data (md5 $DATA_SUM, ST_Subdivide $SUBDIVIDE): not reloading (--reload forces it)"
@@ -247,6 +267,22 @@ SQL
 	meta data "$DATA_SUM"
 fi
 
+# Whether ST_Subdivide split any fence of the mix (then the tuned query needs DISTINCT), and the
+# boundary probes (untimed; small, so loaded on every run).
+for m in small large; do
+	meta "tuned_split_$m" "$(pg -Atc "SELECT CASE WHEN (SELECT count(*) FROM fences_${m}_tuned) > (SELECT count(*) FROM fences_$m) THEN 1 ELSE 0 END")"
+	pg <<SQL
+DROP TABLE IF EXISTS points_${m}_probe, points_${m}_probe_raw;
+CREATE UNLOGGED TABLE points_${m}_probe_raw (id int NOT NULL, lon float8 NOT NULL, lat float8 NOT NULL);
+\\copy points_${m}_probe_raw FROM '$DATA/points_${m}_probe.tsv'
+CREATE TABLE points_${m}_probe AS
+  SELECT id, ST_SetSRID(ST_MakePoint(lon, lat), 4326)::geometry(Point, 4326) AS geom
+  FROM points_${m}_probe_raw ORDER BY id;
+DROP TABLE points_${m}_probe_raw;
+ANALYZE points_${m}_probe;
+SQL
+done
+
 # ---------------------------------------------------------------------------------------------
 RUNS_TSV=$DATA/postgis_runs.tsv
 printf '# mix\tvariant\tlabel\tpoints_timed\tsecs_median\tsecs_best\truns\tpairs\tcores\tnote\n' >"$RUNS_TSV"
@@ -256,33 +292,60 @@ median_best() { # seconds... -> "median best"
 	printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {printf "%s %s\n", v[int((NR + 1) / 2)], v[1]}'
 }
 
+# Exports a query's rows with COPY ... TO STDOUT into FILE; prints the wall-clock seconds.
+timed_export() {
+	local settings=$1 q=$2 file=$3 t0 t1
+	t0=$(date +%s.%N)
+	pg -c "$settings" -c "COPY ($q) TO STDOUT" >"$file"
+	t1=$(date +%s.%N)
+	awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.6f\n", b - a}'
+}
+
 # measure MIX VARIANT LABEL QUERY_FN SETTINGS CORES EXPORT(0/1)
+# Warm-up over a tenth of the fixes (which also estimates the full run), then RUNS timed runs of
+# "SELECT count(*) FROM (query)" and the median, or a single run when one takes over LONG_RUN
+# seconds; in that case, when the pairs are wanted anyway, the single timed run is the export
+# itself (COPY of the pairs to a file, whose cost is negligible next to such a run), so that a
+# slow variant is not run twice. Variants estimated over MAX_SECS run on a prefix of the fixes.
 measure() {
 	local m=$1 variant=$2 label=$3 qfn=$4 settings=$5 cores=$6 export=$7
-	local warm k note="" s n secs=() mb extra out
+	local warm k note="" s n secs=() mb extra out est exported=0 pairs_file
+	pairs_file=$DATA/postgis_${m}_$variant.pairs
 	warm=$((POINTS / 10))
 	out=$(timed_count "$settings" "$($qfn "$m" "$warm")")
 	read -r s n <<<"$out"
-	log "  $m/$variant: warm-up over $warm fixes: ${s} s"
+	est=$(awk -v s="$s" -v w="$warm" -v n="$POINTS" 'BEGIN {printf "%.1f", s / w * n}')
+	log "  $m/$variant: warm-up over $warm fixes: ${s} s (full run estimated at $est s)"
 	k=$POINTS
-	extra=$(awk -v s="$s" -v w="$warm" -v n="$POINTS" -v max="$MAX_SECS" \
-		'BEGIN {est = s / w * n; k = int(n * max / est); if (k < w) k = w; if (est > max) printf "%d %.0f", k, est; else print ""}')
+	extra=$(awk -v est="$est" -v w="$warm" -v n="$POINTS" -v max="$MAX_SECS" \
+		'BEGIN {k = int(n * max / est); if (k < w) k = w; if (est > max) printf "%d", k}')
 	if [ -n "$extra" ]; then
-		k=${extra%% *}
-		note="timed on the first $k fixes: the full $POINTS would take about ${extra#* } s; rate extrapolated"
+		k=$extra
+		note="timed on the first $k fixes (the full $POINTS would take about $est s), rate extrapolated"
 		log "  $m/$variant: $note"
+		est=$(awk -v e="$est" -v k="$k" -v n="$POINTS" 'BEGIN {printf "%.1f", e * k / n}')
 	fi
-	out=$(timed_count "$settings" "$($qfn "$m" "$k")")
-	read -r s n <<<"$out"
-	secs+=("$s")
-	log "  $m/$variant: run 1: ${s} s, $n pairs"
-	if awk -v s="$s" -v l="$LONG_RUN" 'BEGIN {exit !(s < l)}'; then
-		for ((r = 2; r <= RUNS; r++)); do
-			out=$(timed_count "$settings" "$($qfn "$m" "$k")")
-			read -r s n <<<"$out"
-			secs+=("$s")
-			log "  $m/$variant: run $r: ${s} s"
-		done
+	if [ "$export" = 1 ] && awk -v e="$est" -v l="$LONG_RUN" 'BEGIN {exit !(e > l)}'; then
+		log "  $m/$variant: one timed run, exporting the pairs as it goes"
+		s=$(timed_export "$settings" "$($qfn "$m" "$k")" "$pairs_file")
+		n=$(wc -l <"$pairs_file")
+		secs+=("$s")
+		exported=1
+		note="${note:+$note; }one run, timed while it wrote its pairs out (COPY)"
+		log "  $m/$variant: run 1: ${s} s, $n pairs"
+	else
+		out=$(timed_count "$settings" "$($qfn "$m" "$k")")
+		read -r s n <<<"$out"
+		secs+=("$s")
+		log "  $m/$variant: run 1: ${s} s, $n pairs"
+		if awk -v s="$s" -v l="$LONG_RUN" 'BEGIN {exit !(s < l)}'; then
+			for ((r = 2; r <= RUNS; r++)); do
+				out=$(timed_count "$settings" "$($qfn "$m" "$k")")
+				read -r s n <<<"$out"
+				secs+=("$s")
+				log "  $m/$variant: run $r: ${s} s"
+			done
+		fi
 	fi
 	out=$(median_best "${secs[@]}")
 	read -r s mb <<<"$out"
@@ -296,14 +359,12 @@ SQL
 		echo
 	} >>"$DATA/plans.txt"
 	if [ "$export" = 1 ]; then
-		log "  $m/$variant: exporting PostGIS's pairs and comparing with geodwell's"
-		pg <<SQL
-$settings
-\\copy ($($qfn "$m" "$k")) TO '$DATA/postgis_${m}_$variant.pairs'
-SQL
-		local lim=()
+		if [ $exported = 0 ]; then
+			log "  $m/$variant: exporting PostGIS's pairs"
+			timed_export "$settings" "$($qfn "$m" "$k")" "$pairs_file" >/dev/null
+		fi
+		local lim=() rc=0
 		[ "$k" = "$POINTS" ] || lim=(--limit "$k")
-		local rc=0
 		bench --compare "$DATA" --mix "$m" --variant "$variant" "${lim[@]}" || rc=$?
 		case $rc in
 		0) ;;
@@ -313,41 +374,72 @@ SQL
 	fi
 }
 
-# One query per fix, as a service would ask PostGIS: pgbench, 1 client, prepared statement, a
-# random fix (by primary key) per transaction.
+# One query per fix, as a service would ask PostGIS: pgbench, 1 client, prepared statement over
+# the Unix socket, a random fix per transaction (uniform over all fixes, with replacement; fixed
+# seed). The fix is looked up by primary key inside the statement (pgbench cannot read
+# coordinates from a file); the "floor" row times that lookup alone.
 per_fix() {
-	local m=$1 variant=$2 label=$3 table=$4 distinct=$5 script out tps secs
+	local m=$1 variant=$2 label=$3 sql=$4 script out tps secs
 	script=$DATA/pgbench_${m}_$variant.sql
 	cat >"$script" <<SQL
 \\set pid random(0, $((POINTS - 1)))
-SELECT $distinct f.id FROM $table f WHERE ST_Covers(f.geom, (SELECT geom FROM points_$m WHERE id = :pid));
+$sql;
 SQL
 	local bench_args=(-n -M prepared -c 1 -j 1 --random-seed=1 -f "$script" "$DB")
 	PGOPTIONS="-c jit=off -c max_parallel_workers_per_gather=0" pgbench -t $(((PER_FIX + 9) / 10)) "${bench_args[@]}" >/dev/null 2>&1 ||
 		die "pgbench failed on $script"
-	out=$(PGOPTIONS="-c jit=off -c max_parallel_workers_per_gather=0" pgbench -t "$PER_FIX" "${bench_args[@]}" 2>&1) ||
-		die "pgbench failed on $script: $out"
-	tps=$(awk '/^tps = / {print $3; exit}' <<<"$out")
-	[ -n "$tps" ] || die "could not read tps from pgbench: $out"
-	secs=$(awk -v t="$tps" -v n="$PER_FIX" 'BEGIN {printf "%.6f", n / t}')
-	log "  $m/$variant: $PER_FIX queries, $tps per second"
-	printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$m" "$variant" "$label" "$PER_FIX" "$secs" "$secs" 1 0 1 \
-		"random fixes with replacement, one prepared statement each over a Unix socket; includes a primary-key lookup of the fix" >>"$RUNS_TSV"
+	local r all=() mb
+	for ((r = 1; r <= RUNS; r++)); do
+		out=$(PGOPTIONS="-c jit=off -c max_parallel_workers_per_gather=0" pgbench -t "$PER_FIX" "${bench_args[@]}" 2>&1) ||
+			die "pgbench failed on $script: $out"
+		tps=$(awk '/^tps = / {print $3; exit}' <<<"$out")
+		[ -n "$tps" ] || die "could not read tps from pgbench: $out"
+		all+=("$(awk -v t="$tps" -v n="$PER_FIX" 'BEGIN {printf "%.6f", n / t}')")
+		log "  $m/$variant: run $r: $PER_FIX queries, $tps per second"
+	done
+	out=$(median_best "${all[@]}")
+	read -r secs mb <<<"$out"
+	printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$m" "$variant" "$label" "$PER_FIX" "$secs" "$mb" "$RUNS" 0 1 "" >>"$RUNS_TSV"
 }
 
 for m in small large; do
 	IDX=$(meta_get "tuned_index_$m")
 	PIECES=$(meta_get "tuned_pieces_$m")
 	log "PostGIS, $m mix"
-	measure "$m" plain "PostGIS ST_Covers, one GiST index, polygons as loaded" plain_query "$SERIAL" 1 1
-	measure "$m" tuned "PostGIS tuned: ST_Subdivide($SUBDIVIDE) into $PIECES pieces stored in-line, $IDX index, DISTINCT" tuned_query "$SERIAL" 1 1
+	measure "$m" plain "PostGIS ST_Covers join, polygons as loaded, GiST" plain_query "$SERIAL" 1 1
+	if [ "$(meta_get "tuned_split_$m")" = 1 ]; then DISTINCT_NOTE=", DISTINCT"; else DISTINCT_NOTE=" (none split)"; fi
+	measure "$m" tuned "PostGIS ST_Covers join, tuned: ST_Subdivide($SUBDIVIDE) = $PIECES pieces in-line$DISTINCT_NOTE, $IDX" tuned_query "$SERIAL" 1 1
 	if [ $PARALLEL = 1 ]; then
-		measure "$m" parallel "PostGIS tuned, parallel query ($WORKERS workers + leader on $NPROC cores)" tuned_query "$PARALLEL_SET" "$PAR_CORES" 0
+		measure "$m" parallel "PostGIS tuned join, parallel ($WORKERS workers + leader on $NPROC cores)" tuned_query "$PARALLEL_SET" "$PAR_CORES" 0
 	fi
 	if [ "$PER_FIX" -gt 0 ]; then
-		per_fix "$m" perfix_plain "PostGIS query per fix (pgbench), polygons as loaded" "fences_$m" ""
-		per_fix "$m" perfix_tuned "PostGIS query per fix (pgbench), tuned table" "fences_${m}_tuned" DISTINCT
+		FIX="(SELECT geom FROM points_$m WHERE id = :pid)"
+		per_fix "$m" perfix_plain "PostGIS, a query per fix (pgbench), polygons as loaded" \
+			"SELECT f.id FROM fences_$m f WHERE ST_Covers(f.geom, $FIX)"
+		if [ "$(meta_get "tuned_split_$m")" = 1 ]; then D=DISTINCT; else D=; fi
+		per_fix "$m" perfix_tuned "PostGIS, a query per fix (pgbench), tuned table" \
+			"SELECT $D f.id FROM fences_${m}_tuned f WHERE ST_Covers(f.geom, $FIX)"
+		per_fix "$m" perfix_floor "floor of a query per fix: the fix's primary-key lookup alone, no fences" \
+			"SELECT geom FROM points_$m WHERE id = :pid"
 	fi
+done
+
+# Boundary probes: fixes on fence vertices and within an ulp of edges, where an exact predicate
+# (geodwell's) and a floating-point one can disagree. Untimed; differences are reported, and only
+# fail the run when the exact reference sides with PostGIS (geodwell wrong).
+for m in small large; do
+	log "boundary probes, $m mix"
+	for variant in plain tuned; do
+		qfn=${variant}_query
+		timed_export "$SERIAL" "$($qfn "$m" 2147483647 "points_${m}_probe")" "$DATA/postgis_${m}_probe_$variant.pairs" >/dev/null
+		rc=0
+		bench --compare "$DATA" --mix "${m}_probe" --variant "$variant" --informational || rc=$?
+		case $rc in
+		0) ;;
+		1) FAIL=1 ;;
+		*) die "the comparison of the $m probes ($variant) failed (exit $rc)" ;;
+		esac
+	done
 done
 
 # ---------------------------------------------------------------------------------------------

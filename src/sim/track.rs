@@ -14,7 +14,9 @@
 //!   mode the first batch whose largest `ts` reaches `at + lateness`, in live mode the wall
 //!   instant `at + lateness`, provided a remembered fix shows the device fresh at the deadline.
 //!   Otherwise the DWELL may have been held back because the device was STALE, and is caused by
-//!   the first fix after the deadline (unmatched if none is remembered).
+//!   the first fix after the deadline (unmatched if none is remembered). A DWELL also waits for
+//!   a pending EXIT vote's outcome, i.e. the device's first fix after the deadline: the later of
+//!   the two causes is taken.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -270,25 +272,35 @@ impl Tracker {
                         return self.send_us(*batch);
                     }
                 }
-                match self.model {
+                let by_watermark = match self.model {
                     WatermarkModel::Event { lateness_ms } => {
-                        let need = at + lateness_ms;
+                        // The engine processes a deadline once the watermark is past it.
+                        let need = at + lateness_ms + 1;
                         let marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
                         let i = marks.partition_point(|m| m.0 < need);
                         // Marks older than the history make the cause unknowable.
                         if i == 0 && marks.len() == MARKS {
                             return None;
                         }
-                        marks.get(i).map(|m| m.1)
+                        marks.get(i).map(|m| m.1)?
                     }
                     WatermarkModel::Live {
                         lateness_ms,
                         wall_ms_at_t0,
                     } => {
                         let due_ms = at + lateness_ms - wall_ms_at_t0;
-                        Some((due_ms.max(0) as u64) * 1000)
+                        (due_ms.max(0) as u64) * 1000
                     }
-                }
+                };
+                // A DWELL also waits for a pending EXIT vote's outcome (DESIGN section 3): then
+                // the device's next fix after the deadline releases it. The later of the two
+                // causes is taken (this can understate a prompt DWELL when that fix went out
+                // between the watermark's batch and the event: rare, and small).
+                let by_fix = recent
+                    .iter()
+                    .find(|&&(ts, _, _)| ts > at)
+                    .and_then(|&(_, batch, _)| self.send_us(batch));
+                Some(by_watermark.max(by_fix.unwrap_or(0)))
             }
         }
     }
@@ -411,6 +423,10 @@ mod tests {
         // Deadline 19_000 + lateness 500 is first reached by batch 2.
         assert_eq!(t.cause_us(Kind::Dwell, "d0", "f", 19_000), Some(b));
         assert_eq!(t.cause_us(Kind::Dwell, "d0", "f", 30_000), None);
+        // A pending EXIT vote at the deadline: the device's next fix decides, after the watermark.
+        t.note_fix(0, 19_200, 5, 5.0);
+        let d = t.note_send(5, 19_200);
+        assert_eq!(t.cause_us(Kind::Dwell, "d0", "f", 19_000), Some(b.max(d)));
         // A silence of more than stale_after spanning the deadline: the fix ending it.
         t.note_fix(0, 100_000, 3, 5.0);
         t.note_fix(0, 1_100_000, 4, 5.0);
