@@ -1,0 +1,171 @@
+//! Data generators shared by `benches/fences.rs` and `benches/postgis.rs`: the same code and
+//! seeds give both benchmarks the same fences and fixes, so PostGIS is timed on exactly the data
+//! the fence benchmark measures. Included with `#[path]`; each bench uses a subset.
+#![allow(dead_code)]
+
+use geodwell::core::fences::Fence;
+
+/// xorshift64* PRNG: deterministic, dependency-free.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in [0, 1).
+    pub fn f(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    pub fn range(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * self.f()
+    }
+    pub fn usize(&mut self, lo: usize, hi_incl: usize) -> usize {
+        lo + (self.next() % (hi_incl - lo + 1) as u64) as usize
+    }
+}
+
+pub const M_PER_DEG: f64 = Fence::M_PER_DEG;
+
+/// A polygon's rings: exterior first, then holes; each closed.
+pub type Rings = Vec<Vec<[f64; 2]>>;
+
+/// A generated small fence: id, rings, centre lon, centre lat, radius (m).
+pub type SmallFence = (String, Rings, f64, f64, f64);
+
+/// Small-fence region (about 155 km x 220 km) and large-fence region (about 2,100 km x 2,200 km).
+pub const SMALL_REGION: [f64; 4] = [10.0, 45.0, 12.0, 47.0];
+pub const LARGE_REGION: [f64; 4] = [0.0, 35.0, 30.0, 55.0];
+
+/// A star-shaped ring around (lon, lat) with the given radii (metres) at even angles, closed.
+pub fn radial_ring(lon: f64, lat: f64, radii: &[f64], reverse: bool) -> Vec<[f64; 2]> {
+    let n = radii.len();
+    let kx = M_PER_DEG * lat.to_radians().cos();
+    let mut ring: Vec<[f64; 2]> = (0..n)
+        .map(|i| {
+            let a = i as f64 / n as f64 * std::f64::consts::TAU;
+            [
+                lon + radii[i] * a.cos() / kx,
+                lat + radii[i] * a.sin() / M_PER_DEG,
+            ]
+        })
+        .collect();
+    if reverse {
+        ring.reverse();
+    }
+    ring.push(ring[0]);
+    ring
+}
+
+pub fn small_fences(rng: &mut Rng, count: usize) -> Vec<SmallFence> {
+    let mut out: Vec<SmallFence> = Vec::with_capacity(count);
+    for i in 0..count {
+        // 5% share a previous fence's centre (nested/overlapping sites); the rest are uniform.
+        let (lon, lat) = if i > 0 && rng.f() < 0.05 {
+            let j = rng.usize(0, i - 1);
+            (out[j].2, out[j].3)
+        } else {
+            (
+                rng.range(SMALL_REGION[0], SMALL_REGION[2]),
+                rng.range(SMALL_REGION[1], SMALL_REGION[3]),
+            )
+        };
+        // Log-uniform radius 50 m .. 2 km.
+        let r = 50.0 * (40f64).powf(rng.f());
+        let n = rng.usize(20, 200);
+        let radii: Vec<f64> = (0..n).map(|_| r * rng.range(0.7, 1.0)).collect();
+        let mut rings = vec![radial_ring(lon, lat, &radii, false)];
+        if rng.f() < 0.2 {
+            let hn = rng.usize(6, 24);
+            let hr: Vec<f64> = (0..hn).map(|_| r * rng.range(0.2, 0.4)).collect();
+            rings.push(radial_ring(lon, lat, &hr, true));
+        }
+        out.push((format!("small-{i}"), rings, lon, lat, r));
+    }
+    out
+}
+
+/// Midpoint displacement of a periodic radius profile: a ragged, coastline-like star polygon.
+pub fn coastline_radii(rng: &mut Rng, n: usize, r: f64) -> Vec<f64> {
+    let mut prof: Vec<f64> = (0..16).map(|_| r * rng.range(0.7, 1.3)).collect();
+    let mut amp = 0.25 * r;
+    while prof.len() < n {
+        let m = prof.len();
+        let mut next = Vec::with_capacity(2 * m);
+        for k in 0..m {
+            let (a, b) = (prof[k], prof[(k + 1) % m]);
+            next.push(a);
+            next.push(0.5 * (a + b) + amp * (rng.f() - 0.5));
+        }
+        prof = next;
+        amp *= 0.62;
+    }
+    let m = prof.len();
+    (0..n).map(|i| prof[i * m / n].max(0.1 * r)).collect()
+}
+
+pub fn large_fences(rng: &mut Rng, count: usize) -> Vec<(String, Rings)> {
+    (0..count)
+        .map(|i| {
+            let lon = rng.range(LARGE_REGION[0] + 1.0, LARGE_REGION[2] - 1.0);
+            let lat = rng.range(LARGE_REGION[1] + 1.0, LARGE_REGION[3] - 1.0);
+            let r = rng.range(15_000.0, 60_000.0);
+            let n = rng.usize(10_000, 80_000);
+            let radii = coastline_radii(rng, n - 1, r);
+            (
+                format!("large-{i}"),
+                vec![radial_ring(lon, lat, &radii, false)],
+            )
+        })
+        .collect()
+}
+
+pub fn small_fixes(rng: &mut Rng, n: usize, fences: &[SmallFence]) -> Vec<[f64; 2]> {
+    (0..n)
+        .map(|_| {
+            if rng.f() < 0.5 {
+                [
+                    rng.range(SMALL_REGION[0], SMALL_REGION[2]),
+                    rng.range(SMALL_REGION[1], SMALL_REGION[3]),
+                ]
+            } else {
+                // Near a fence: within 1.5 radii of its centre.
+                let f = &fences[rng.usize(0, fences.len() - 1)];
+                let (d, a) = (
+                    f.4 * 1.5 * rng.f().sqrt(),
+                    rng.range(0.0, std::f64::consts::TAU),
+                );
+                [
+                    f.2 + d * a.cos() / (M_PER_DEG * f.3.to_radians().cos()),
+                    f.3 + d * a.sin() / M_PER_DEG,
+                ]
+            }
+        })
+        .collect()
+}
+
+pub fn large_fixes(rng: &mut Rng, n: usize, fences: &[(String, Rings)]) -> Vec<[f64; 2]> {
+    (0..n)
+        .map(|_| {
+            if rng.f() < 0.3 {
+                [
+                    rng.range(LARGE_REGION[0], LARGE_REGION[2]),
+                    rng.range(LARGE_REGION[1], LARGE_REGION[3]),
+                ]
+            } else {
+                // Near an edge: a point on a random edge moved up to 200 m in each direction.
+                let ring = &fences[rng.usize(0, fences.len() - 1)].1[0];
+                let k = rng.usize(0, ring.len() - 2);
+                let (a, b) = (ring[k], ring[k + 1]);
+                let t = rng.f();
+                let kx = M_PER_DEG * a[1].to_radians().cos();
+                [
+                    a[0] + t * (b[0] - a[0]) + rng.range(-200.0, 200.0) / kx,
+                    a[1] + t * (b[1] - a[1]) + rng.range(-200.0, 200.0) / M_PER_DEG,
+                ]
+            }
+        })
+        .collect()
+}
