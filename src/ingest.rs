@@ -260,6 +260,33 @@ pub fn read_array(text: &str) -> Option<Vec<Item>> {
     items.iter().all(|i| i.is_ok()).then_some(items)
 }
 
+/// Why a JSON text is not a batch.
+#[derive(Debug)]
+pub enum BatchShapeError {
+    /// Not JSON serde_json can read (syntax, or a number such as `1e999`).
+    NotJson(serde_json::Error),
+    /// JSON, but neither an object nor an array; names what it is ("a number", ...).
+    NotFixOrArray(&'static str),
+}
+
+/// Reads a JSON body or frame as a batch: an array of fixes (each element through
+/// [`read_item`]) or one fix object. Shared by `POST /v1/fixes` and WebSocket ingest, which
+/// only word their errors differently. The common shapes are read once, typed.
+pub fn read_batch(text: &str) -> Result<Vec<Item>, BatchShapeError> {
+    if let Some(items) = read_array(text) {
+        return Ok(items);
+    }
+    if let Ok(f) = serde_json::from_str::<FastFix>(text) {
+        return Ok(vec![Ok(RawItem::Fast(f))]);
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Array(items)) => Ok(items.into_iter().map(|v| Ok(RawItem::Json(v))).collect()),
+        Ok(v @ Value::Object(_)) => Ok(vec![Ok(RawItem::Json(v))]),
+        Ok(other) => Err(BatchShapeError::NotFixOrArray(kind_of(&other))),
+        Err(e) => Err(BatchShapeError::NotJson(e)),
+    }
+}
+
 /// The shard a device belongs to.
 pub fn shard_of(device: &str, shards: usize) -> usize {
     (xxhash_rust::xxh3::xxh3_64(device.as_bytes()) % shards.max(1) as u64) as usize

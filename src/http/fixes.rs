@@ -29,7 +29,7 @@ pub fn body_or_error(body: Result<Bytes, BytesRejection>, limit: usize) -> Resul
 }
 
 pub use crate::ingest::Item;
-use crate::ingest::{RawItem, read_array, read_item};
+use crate::ingest::{BatchShapeError, read_batch, read_item};
 
 /// Splits a body into JSON items: NDJSON lines, array elements, or one object.
 pub fn items_of(headers: &HeaderMap, body: &[u8]) -> Result<Vec<Item>, ApiError> {
@@ -50,28 +50,15 @@ pub fn items_of(headers: &HeaderMap, body: &[u8]) -> Result<Vec<Item>, ApiError>
     let text = std::str::from_utf8(body).map_err(|e| {
         ApiError::bad_request("malformed_json", format!("body is not valid JSON: {e}"))
     })?;
-    if let Some(items) = read_array(text) {
-        return Ok(items);
-    }
-    let v: Value = serde_json::from_slice(body).map_err(|e| {
-        ApiError::bad_request("malformed_json", format!("body is not valid JSON: {e}"))
-    })?;
-    match v {
-        Value::Array(items) => Ok(items.into_iter().map(|v| Ok(RawItem::Json(v))).collect()),
-        Value::Object(_) => Ok(vec![read_item(text, "body")]),
-        other => Err(ApiError::bad_request(
+    read_batch(text).map_err(|e| match e {
+        BatchShapeError::NotJson(e) => {
+            ApiError::bad_request("malformed_json", format!("body is not valid JSON: {e}"))
+        }
+        BatchShapeError::NotFixOrArray(kind) => ApiError::bad_request(
             "malformed_batch",
-            format!(
-                "expected a fix object, an array of fixes, or NDJSON; got {}",
-                match other {
-                    Value::Null => "null",
-                    Value::Bool(_) => "a boolean",
-                    Value::Number(_) => "a number",
-                    _ => "a string",
-                }
-            ),
-        )),
-    }
+            format!("expected a fix object, an array of fixes, or NDJSON; got {kind}"),
+        ),
+    })
 }
 
 /// Applies a report's outcome to a status: 200 when anything was taken, 422 when every item was

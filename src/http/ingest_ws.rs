@@ -11,13 +11,13 @@ use axum::extract::State;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade, close_code};
 use axum::response::Response;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::http::error::ApiError;
 use futures_util::StreamExt;
 use futures_util::stream::FuturesOrdered;
 
-use crate::ingest::{BatchError, IngestReport, Pending, RawItem, dispatch, read_array, read_item};
+use crate::ingest::{BatchError, BatchShapeError, IngestReport, Pending, dispatch, read_batch};
 use crate::state::AppState;
 
 /// `GET /v1/ingest/ws`.
@@ -197,17 +197,9 @@ fn frame(st: &AppState, msg: Option<Result<Message, axum::Error>>) -> Step {
         Some(Ok(Message::Close(_))) | None => return Step::Gone,
         Some(Ok(_)) => return Step::Skip,
     };
-    let parsed = match read_array(&text) {
-        Some(items) => Ok::<_, serde_json::Error>(items),
-        None => serde_json::from_str::<Value>(&text).map(|v| match v {
-            Value::Array(items) => items.into_iter().map(|v| Ok(RawItem::Json(v))).collect(),
-            Value::Object(_) => vec![read_item(&text, "frame")],
-            _ => Vec::new(),
-        }),
-    };
-    let items = match parsed {
-        Ok(items) if !items.is_empty() || text.trim_start().starts_with('[') => items,
-        Ok(_) => {
+    let items = match read_batch(&text) {
+        Ok(items) => items,
+        Err(BatchShapeError::NotFixOrArray(_)) => {
             return Step::Fatal(vec![
                 error_frame(
                     "malformed_batch",
@@ -216,7 +208,7 @@ fn frame(st: &AppState, msg: Option<Result<Message, axum::Error>>) -> Step {
                 close(close_code::INVALID, "frame is not a fix or an array"),
             ]);
         }
-        Err(e) => {
+        Err(BatchShapeError::NotJson(e)) => {
             return Step::Fatal(vec![
                 error_frame("malformed_json", &format!("frame is not JSON: {e}")),
                 close(close_code::INVALID, "frame is not JSON"),
