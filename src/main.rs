@@ -343,11 +343,7 @@ fn write_trace(
 ) -> anyhow::Result<()> {
     use std::io::Write;
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let fc = geojson::FeatureCollection {
-        bbox: None,
-        features: fences.iter().map(|f| f.to_feature()).collect(),
-        foreign_members: None,
-    };
+    let fc = geodwell::sim::fleet::feature_collection(fences);
     std::fs::write(dir.join("fences.geojson"), serde_json::to_vec(&fc)?)?;
     let prefix = spec.prefix.clone();
     let fleet = geodwell::sim::fleet::Fleet::new(spec, fences)?;

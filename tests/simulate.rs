@@ -119,17 +119,7 @@ async fn check_against_reference(
     )
     .unwrap()
     .take(20_000)
-    .map(|f| {
-        Fix::new(
-            &format!("sim-{}", f.device),
-            f.ts,
-            f.lat,
-            f.lon,
-            Some(f.accuracy),
-            256,
-        )
-        .unwrap()
-    })
+    .map(|f| f.to_fix("sim-").unwrap())
     .collect();
     let lateness_ms = report.server_lateness_ms;
     let w_final = Ts(trace.iter().map(|f| f.ts.0).max().unwrap() - lateness_ms);

@@ -35,6 +35,7 @@ use std::sync::Arc;
 use serde_json::json;
 
 use crate::core::fences::{Fence, FenceLimits, FenceSettings};
+use crate::core::fix::{DEFAULT_MAX_DEVICE_LEN, Fix, FixError};
 use crate::core::time::{Dur, Ts};
 use crate::sim::rng::Rng;
 
@@ -125,6 +126,19 @@ pub struct SimFix {
 }
 
 impl SimFix {
+    /// The fix as a server with the default `max_device_len` reads it (device id
+    /// `{prefix}{device}`), e.g. to run the reference implementation on a generated trace.
+    pub fn to_fix(&self, prefix: &str) -> Result<Fix, FixError> {
+        Fix::new(
+            &format!("{prefix}{}", self.device),
+            self.ts,
+            self.lat,
+            self.lon,
+            Some(self.accuracy),
+            DEFAULT_MAX_DEVICE_LEN,
+        )
+    }
+
     /// Appends the fix as one JSON object (no newline) in the shape `POST /v1/fixes` takes.
     pub fn write_json(&self, prefix: &str, out: &mut Vec<u8>) {
         use std::io::Write;
@@ -134,6 +148,16 @@ impl SimFix {
             "{{\"device\":\"{prefix}{}\",\"ts\":{},\"lat\":{:.7},\"lon\":{:.7},\"accuracy\":{:.1},\"speed\":{:.1}}}",
             self.device, self.ts.0, self.lat, self.lon, self.accuracy, self.speed
         );
+    }
+}
+
+/// The fences as one GeoJSON FeatureCollection, each in the normalized form the API serves
+/// (what `POST /v1/fences` takes and `--write-trace` writes).
+pub fn feature_collection(fences: &[Arc<Fence>]) -> geojson::FeatureCollection {
+    geojson::FeatureCollection {
+        bbox: None,
+        features: fences.iter().map(|f| f.to_feature()).collect(),
+        foreign_members: None,
     }
 }
 

@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::core::fences::Fence;
 use crate::core::time::Ts;
-use crate::sim::fleet::{Fleet, FleetSpec};
+use crate::sim::fleet::{Fleet, FleetSpec, feature_collection};
 use crate::sim::track::{FenceFacts, Kind, LatencySummary, Tracker, WatermarkModel};
 
 /// How fixes reach the server.
@@ -587,11 +587,7 @@ async fn upload(
 ) -> Result<(), SimError> {
     let url = format!("{base}/v1/fences");
     for chunk in fences.chunks(500) {
-        let fc = geojson::FeatureCollection {
-            bbox: None,
-            features: chunk.iter().map(|f| f.to_feature()).collect(),
-            foreign_members: None,
-        };
+        let fc = feature_collection(chunk);
         let body = serde_json::to_vec(&fc).map_err(|e| server_err(&url, e))?;
         let r = client
             .post(&url)

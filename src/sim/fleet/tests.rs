@@ -24,15 +24,7 @@ fn spec(devices: u32, disorder: i64) -> FleetSpec {
 }
 
 fn to_fix(f: &SimFix) -> Fix {
-    Fix::new(
-        &format!("sim-{}", f.device),
-        f.ts,
-        f.lat,
-        f.lon,
-        Some(f.accuracy),
-        256,
-    )
-    .expect("generated fix is valid")
+    f.to_fix("sim-").expect("generated fix is valid")
 }
 
 #[test]
