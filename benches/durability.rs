@@ -49,6 +49,9 @@ use geodwell::ingest::shard_of;
 use geodwell::store::{Batch, Durability, FILE_NAME, Store};
 use serde_json::{Value, json};
 
+#[path = "common/out.rs"]
+mod benchout;
+
 /// 2026-01-01T00:00:00Z.
 const T0: i64 = 1_767_225_600_000;
 /// Event-time window over which the warm-start devices send their one fix.
@@ -1200,19 +1203,9 @@ fn main() {
     out["run_s"] = json!(started.elapsed().as_secs_f64());
     out["loadavg_end"] = json!(loadavg());
     println!("\nrun took {:.0} s", started.elapsed().as_secs_f64());
-    let dir = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
-        .join("bench");
-    let path = dir.join("durability.json");
-    match std::fs::create_dir_all(&dir).and_then(|_| {
-        std::fs::write(
-            &path,
-            serde_json::to_string_pretty(&out).unwrap_or_default(),
-        )
-    }) {
-        Ok(()) => println!("wrote {}", path.display()),
-        Err(e) => eprintln!("could not write {}: {e}", path.display()),
+    match benchout::write_json("durability", &out) {
+        Ok(path) => println!("wrote {}", path.display()),
+        Err(e) => eprintln!("could not write target/bench/durability.json: {e}"),
     }
     if !ok {
         eprintln!("FAIL: a check failed (see above)");

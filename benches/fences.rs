@@ -11,7 +11,6 @@
 //! See `docs/bench-fences.md`.
 
 use std::hint::black_box;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -20,6 +19,9 @@ use geodwell::core::fences::{Fence, FenceIdx, FenceIndex, FenceLimits, FenceSett
 #[path = "common/fencegen.rs"]
 mod fencegen;
 use fencegen::*;
+
+#[path = "common/out.rs"]
+mod benchout;
 
 /// Evaluates every fix; returns (seconds, total hits).
 fn run(idx: &FenceIndex, fixes: &[[f64; 2]]) -> (f64, u64) {
@@ -414,19 +416,9 @@ fn main() {
                      "mismatches": dist_mismatch},
         "goals": {"small_evals_per_s": 2e6, "large_evals_per_s": 1e6},
     });
-    let dir = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
-        .join("bench");
-    let path = dir.join("fences.json");
-    match std::fs::create_dir_all(&dir).and_then(|_| {
-        std::fs::write(
-            &path,
-            serde_json::to_string_pretty(&json).unwrap_or_default(),
-        )
-    }) {
-        Ok(()) => println!("\nwrote {}", path.display()),
-        Err(e) => eprintln!("could not write {}: {e}", path.display()),
+    match benchout::write_json("fences", &json) {
+        Ok(path) => println!("\nwrote {}", path.display()),
+        Err(e) => eprintln!("could not write target/bench/fences.json: {e}"),
     }
     if mismatches > 0 || dist_mismatch > 0 {
         eprintln!(

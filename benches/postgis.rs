@@ -42,6 +42,9 @@ use serde_json::{Value, json};
 mod fencegen;
 use fencegen::*;
 
+#[path = "common/out.rs"]
+mod benchout;
+
 /// One PRNG stream per data set (the seeds of benches/fences.rs), so the fences do not depend
 /// on the number of fixes and the fixes of `--points N` are those of `fences --fixes N`.
 fn stream(k: u64) -> Rng {
@@ -777,19 +780,9 @@ fn report(dir: &Path) {
         .collect();
     let doc = json!({"points_per_mix": n, "geodwell": gd, "postgis": out_rows,
                      "boundary_probes": probe_docs, "goal": verdicts, "meta": meta});
-    let out_dir = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
-        .join("bench");
-    let path = out_dir.join("postgis.json");
-    match std::fs::create_dir_all(&out_dir).and_then(|_| {
-        std::fs::write(
-            &path,
-            serde_json::to_string_pretty(&doc).unwrap_or_default(),
-        )
-    }) {
-        Ok(()) => println!("\nwrote {}", path.display()),
-        Err(e) => eprintln!("could not write {}: {e}", path.display()),
+    match benchout::write_json("postgis", &doc) {
+        Ok(path) => println!("\nwrote {}", path.display()),
+        Err(e) => eprintln!("could not write target/bench/postgis.json: {e}"),
     }
 }
 

@@ -7,13 +7,15 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::{BTreeMap, BinaryHeap};
 use std::hint::black_box;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
 
 use geodwell::core::time::Tick;
 use geodwell::core::wheel::{Fired, TimerKey, Wheel};
 use serde_json::json;
+
+#[path = "common/out.rs"]
+mod benchout;
 
 // ---------------------------------------------------------------------------------------------
 // Allocation counting: live heap bytes, so "bytes per timer" includes every Vec's slack.
@@ -1061,16 +1063,6 @@ fn report(a: &Args, rows: &[Row]) {
             })
         })
         .collect();
-    let dir = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
-        .join("bench");
-    std::fs::create_dir_all(&dir).expect("create target/bench");
-    let path = dir.join("wheel.json");
-    std::fs::write(
-        &path,
-        serde_json::to_string_pretty(&json).expect("serialize"),
-    )
-    .expect("write wheel.json");
+    let path = benchout::write_json("wheel", &json).expect("write target/bench/wheel.json");
     eprintln!("wrote {}", path.display());
 }
