@@ -13,6 +13,7 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 
+use crate::auth::ApiKey;
 use crate::core::time::Dur;
 
 /// The documented default configuration, compiled in.
@@ -96,6 +97,16 @@ pub struct Config {
     pub durability: DurabilityMode,
     /// async durability: longest time between commits.
     pub commit_interval: Dur,
+    /// Webhook sinks from `[[webhooks]]` entries (see `docs/webhooks.md`).
+    pub webhooks: Vec<crate::webhooks::SinkSpec>,
+    /// Map page: raster tile URL template (`{z}`, `{x}`, `{y}`); `None` = plain background.
+    pub map_tile_url: Option<String>,
+    /// Map page: attribution shown with those tiles (plain text).
+    pub map_tile_attribution: Option<String>,
+    /// API keys; empty = authentication off.
+    pub api_keys: Vec<ApiKey>,
+    /// Whether `/metrics` is served without a key (`/healthz` and `/readyz` always are).
+    pub open_metrics: bool,
 }
 
 /// How state is persisted (`[store] durability`).
@@ -169,12 +180,26 @@ impl fmt::Display for ConfigError {
 #[derive(Clone, Copy)]
 enum Kind {
     Addr,
-    Count { min: usize, max: usize },
-    Duration { zero_ok: bool },
+    Count {
+        min: usize,
+        max: usize,
+    },
+    Duration {
+        zero_ok: bool,
+    },
     Clock,
     Durability,
     Path,
     OptPath,
+    /// Optional http(s) tile URL template; "" = none.
+    TileUrl,
+    /// Optional free text; "" = none.
+    OptText,
+    /// `true` / `false`.
+    Bool,
+    /// API keys: an array of `{name, scopes, key | key_sha256}` tables in the file, or
+    /// `name:scope+scope:key,...` in the environment.
+    Keys,
 }
 
 /// (section, key, kind): the schema. Keys are unique across sections so that `GEODWELL_<KEY>`
@@ -281,6 +306,10 @@ const SCHEMA: &[(&str, &str, Kind)] = &[
             max: 10_000_000,
         },
     ),
+    ("ui", "map_tile_url", Kind::TileUrl),
+    ("ui", "map_tile_attribution", Kind::OptText),
+    ("auth", "api_keys", Kind::Keys),
+    ("auth", "open_metrics", Kind::Bool),
 ];
 
 #[derive(Debug, Clone)]
@@ -305,6 +334,9 @@ impl Config {
         let source_name = file.map_or("embedded defaults".to_string(), |(n, _)| n.to_string());
         let mut issues = Vec::new();
         let mut values: BTreeMap<&str, (String, Val)> = BTreeMap::new();
+        // `auth.api_keys` from a file: the only array-valued key, kept raw until the builder.
+        let mut raw_keys: Option<(String, Vec<toml::Value>)> = None;
+        let mut webhooks_raw: Option<toml::Value> = None;
         // Defaults first, then the file over them.
         let mut layers = vec![("embedded defaults", DEFAULT_TOML)];
         if let Some((name, text)) = file {
@@ -322,6 +354,11 @@ impl Config {
                 }
             };
             for (section, body) in &table {
+                // `[[webhooks]]` is an array of sink tables, validated on its own below.
+                if section == "webhooks" {
+                    webhooks_raw = Some(body.clone());
+                    continue;
+                }
                 let Some(body) = body.as_table() else {
                     issues.push(issue(section, "expected a [section] table"));
                     continue;
@@ -342,8 +379,25 @@ impl Config {
                         ));
                         continue;
                     };
+                    if k == "api_keys" {
+                        match v {
+                            toml::Value::Array(a) => {
+                                raw_keys = Some((format!("{section}.{key}"), a.clone()));
+                                values.remove(k);
+                            }
+                            other => issues.push(issue(
+                                &format!("{section}.{key}"),
+                                &format!(
+                                    "expected an array of {{ name, scopes, key }} tables, got {}",
+                                    other.type_str()
+                                ),
+                            )),
+                        }
+                        continue;
+                    }
                     let val = match v {
                         toml::Value::String(s) => Val::Str(s.clone()),
+                        toml::Value::Boolean(b) => Val::Str(b.to_string()),
                         toml::Value::Integer(i) => Val::Int(*i),
                         toml::Value::Float(f) => Val::Str(f.to_string()),
                         other => {
@@ -381,6 +435,7 @@ impl Config {
             issues,
             cores,
         };
+        let api_keys = b.api_keys(raw_keys);
         let cfg = Config {
             listen: b.addr("listen"),
             shards: b.count("shards"),
@@ -405,6 +460,11 @@ impl Config {
             max_poll_limit: b.count("max_poll_limit"),
             durability: b.durability("durability"),
             commit_interval: b.dur("commit_interval"),
+            webhooks: Vec::new(),
+            map_tile_url: b.tile_url("map_tile_url"),
+            map_tile_attribution: b.opt_text("map_tile_attribution"),
+            api_keys,
+            open_metrics: b.bool("open_metrics"),
         };
         let mut cfg = cfg;
         if cfg.shards == 0 {
@@ -413,6 +473,9 @@ impl Config {
         if cfg.tick > Dur::from_mins(1) {
             b.issues.push(issue("time.tick", "must be at most 60s"));
         }
+        let (webhooks, webhook_issues) = crate::webhooks::spec::from_config(webhooks_raw.as_ref());
+        cfg.webhooks = webhooks;
+        b.issues.extend(webhook_issues);
         if b.issues.is_empty() {
             Ok(cfg)
         } else {
@@ -429,6 +492,37 @@ impl Config {
             .filter(|(k, _)| k.starts_with("GEODWELL_"))
             .collect()
     }
+}
+
+/// Checks a raster tile URL template such as `https://tile.example.org/{z}/{x}/{y}.png`.
+fn check_tile_url(url: &str) -> Result<(), String> {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))
+        .ok_or("must start with http:// or https://")?;
+    let host = rest.split('/').next().unwrap_or_default();
+    if host.is_empty() {
+        return Err("must name a host after the scheme".into());
+    }
+    if url
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || matches!(c, '"' | '<' | '>' | '\\'))
+    {
+        return Err(
+            "must not contain whitespace, control characters, quotes or angle brackets".into(),
+        );
+    }
+    let missing: Vec<&str> = ["{z}", "{x}", "{y}"]
+        .into_iter()
+        .filter(|p| !url.contains(p))
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "must contain the placeholders {}",
+            missing.join(", ")
+        ));
+    }
+    Ok(())
 }
 
 fn issue(key: &str, message: &str) -> ConfigIssue {
@@ -568,6 +662,145 @@ impl Builder<'_> {
             self.fail(name, e);
             DurabilityMode::Sync
         })
+    }
+
+    fn bool(&mut self, key: &str) -> bool {
+        let Some((name, v, _)) = self.get(key) else {
+            return false;
+        };
+        match v {
+            Val::Str(s) if s == "true" => true,
+            Val::Str(s) if s == "false" => false,
+            other => {
+                let got = match other {
+                    Val::Str(s) => format!("{s:?}"),
+                    Val::Int(i) => i.to_string(),
+                };
+                self.fail(name, format!("expected true or false, got {got}"));
+                false
+            }
+        }
+    }
+
+    /// Keys from the environment (a string) win over keys from the file (an array of tables).
+    /// Every bad entry is reported, each under its own index.
+    fn api_keys(&mut self, raw: Option<(String, Vec<toml::Value>)>) -> Vec<ApiKey> {
+        if let Some((name, v, _)) = self.get("api_keys") {
+            let spec = match v {
+                Val::Str(s) => s,
+                Val::Int(i) => i.to_string(),
+            };
+            return match crate::auth::parse_env_keys(&spec) {
+                Ok(k) => self.unique_names(&name, k),
+                Err(errors) => {
+                    for e in errors {
+                        self.fail(name.clone(), e);
+                    }
+                    Vec::new()
+                }
+            };
+        }
+        let Some((name, entries)) = raw else {
+            return Vec::new();
+        };
+        let mut keys = Vec::new();
+        for (i, entry) in entries.iter().enumerate() {
+            let at = format!("{name}[{i}]");
+            let Some(t) = entry.as_table() else {
+                self.fail(at, "expected a { name, scopes, key } table".into());
+                continue;
+            };
+            let mut errors = Vec::new();
+            for k in t.keys() {
+                if !matches!(k.as_str(), "name" | "scopes" | "key" | "key_sha256") {
+                    errors.push(format!(
+                        "unknown field {k:?}; known: name, scopes, key, key_sha256"
+                    ));
+                }
+            }
+            let text = |f: &str, errors: &mut Vec<String>| match t.get(f) {
+                None => None,
+                Some(toml::Value::String(s)) => Some(s.clone()),
+                Some(other) => {
+                    errors.push(format!("{f} must be a string, got {}", other.type_str()));
+                    None
+                }
+            };
+            let key_name = text("name", &mut errors).unwrap_or_default();
+            let secret = text("key", &mut errors);
+            let secret_sha = text("key_sha256", &mut errors);
+            let scopes: Vec<String> = match t.get("scopes") {
+                Some(toml::Value::Array(a)) => a
+                    .iter()
+                    .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string))
+                    .collect(),
+                Some(other) => {
+                    errors.push(format!(
+                        "scopes must be an array such as [\"read\"], got {}",
+                        other.type_str()
+                    ));
+                    Vec::new()
+                }
+                None => Vec::new(),
+            };
+            match crate::auth::build_key(
+                &key_name,
+                scopes.iter().map(String::as_str),
+                secret.as_deref(),
+                secret_sha.as_deref(),
+            ) {
+                Ok(k) if errors.is_empty() => keys.push(k),
+                Ok(_) => {}
+                Err(e) => errors.extend(e),
+            }
+            for e in errors {
+                self.fail(at.clone(), e);
+            }
+        }
+        self.unique_names(&name, keys)
+    }
+
+    fn unique_names(&mut self, name: &str, keys: Vec<ApiKey>) -> Vec<ApiKey> {
+        let mut seen = std::collections::BTreeSet::new();
+        for k in &keys {
+            if !seen.insert(k.name.clone()) {
+                self.fail(
+                    name.to_string(),
+                    format!("key name {:?} is used twice", k.name),
+                );
+            }
+        }
+        let digests: std::collections::BTreeSet<_> = keys.iter().map(|k| k.digest).collect();
+        if digests.len() != keys.len() {
+            self.fail(name.to_string(), "two keys have the same secret".into());
+        }
+        keys
+    }
+
+    fn opt_text(&mut self, key: &str) -> Option<String> {
+        let (name, v, _) = self.get(key)?;
+        match v {
+            Val::Str(s) if s.trim().is_empty() => None,
+            Val::Str(s) => Some(s),
+            Val::Int(i) => {
+                self.fail(name, format!("expected a string, got {i}"));
+                None
+            }
+        }
+    }
+
+    /// A tile URL template is handed to every browser that opens the map page, so only an
+    /// absolute http(s) URL with the `{z}`/`{x}`/`{y}` placeholders is accepted.
+    fn tile_url(&mut self, key: &str) -> Option<String> {
+        let url = self.opt_text(key)?;
+        let (name, _, _) = self.get(key)?;
+        match check_tile_url(&url) {
+            Ok(()) => Some(url),
+            Err(why) => {
+                self.fail(name, format!("{why}, got {url:?}"));
+                None
+            }
+        }
     }
 
     fn path(&mut self, key: &str) -> Option<PathBuf> {

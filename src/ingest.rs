@@ -23,7 +23,7 @@ use crate::state::AppState;
 use crate::telemetry as t;
 
 /// One rejected item.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct ItemError {
     /// Position of the item in the request (line for NDJSON, element for arrays, 0 for one object).
     pub index: usize,
@@ -34,7 +34,7 @@ pub struct ItemError {
 }
 
 /// The answer to a batch of fixes.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct IngestReport {
     /// Fixes buffered or applied.
     pub accepted: usize,
@@ -119,7 +119,7 @@ pub fn parse_fix(
                 "ts is required (RFC 3339 or Unix milliseconds)".into(),
             ));
         }
-        Some(Value::Number(n)) => match n.as_i64() {
+        Some(Value::Number(n)) => match integral(n) {
             Some(ms) => Ts::from_millis(ms).map_err(|e| ("invalid_ts", e.to_string()))?,
             None => {
                 return Err((
@@ -230,12 +230,28 @@ impl<'de> serde::Deserialize<'de> for FastTs {
                     .map(FastTs::Ms)
                     .map_err(|_| E::custom("ts out of range"))
             }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<FastTs, E> {
+                integral_f64(v)
+                    .map(FastTs::Ms)
+                    .ok_or_else(|| E::custom("ts is not an integer"))
+            }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<FastTs, E> {
                 Ok(FastTs::Text(v.to_string()))
             }
         }
         d.deserialize_any(V)
     }
+}
+
+/// A JSON number as an integer, if it is one. JSON (and JSON Schema's `integer`) does not tell
+/// `5` from `5.0`, so an integral float is taken too, while it is exact (|x| <= 2^53).
+pub fn integral(n: &serde_json::Number) -> Option<i64> {
+    n.as_i64().or_else(|| n.as_f64().and_then(integral_f64))
+}
+
+fn integral_f64(f: f64) -> Option<i64> {
+    const EXACT: f64 = 9_007_199_254_740_992.0;
+    (f.fract() == 0.0 && f.abs() <= EXACT).then_some(f as i64)
 }
 
 /// Reads one JSON text as a batch item: the fast typed path when the text has the common
@@ -469,6 +485,7 @@ mod tests {
         );
         let st = AppState {
             fence_limits: crate::fence_limits(&cfg),
+            auth: crate::auth::Keys::new(cfg.api_keys.clone()),
             cfg,
             shards: senders,
             log: log.clone(),
@@ -481,6 +498,7 @@ mod tests {
             metrics: crate::telemetry::install(),
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
+            webhooks: crate::webhooks::Webhooks::inert(log.clone()),
         };
         (st, receivers)
     }

@@ -13,6 +13,7 @@
 //! - [`config`]: raw TOML + environment -> validated [`config::Config`], all errors at once.
 //! - [`shard`], [`ingest`], [`state`]: the async shell around the core.
 //! - [`events`]: the event log and subscriptions.
+//! - [`webhooks`]: delivery of events to HTTP receivers (per-sink cursor, retries, dead letters).
 //! - [`http`]: the HTTP / WebSocket interface.
 //! - [`telemetry`]: metric names and tracing.
 //! - [`sim`]: the fleet simulator (`geodwell simulate`): a seeded trace generator and a load
@@ -20,6 +21,7 @@
 //!
 //! [`run`] serves on a bound listener until a shutdown token is cancelled.
 
+pub mod auth;
 pub mod config;
 pub mod core;
 pub mod events;
@@ -30,6 +32,7 @@ pub mod sim;
 pub mod state;
 pub mod store;
 pub mod telemetry;
+pub mod webhooks;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -226,6 +229,14 @@ pub async fn run(
         DurabilityMode::Sync => Durability::Sync,
         _ => Durability::Async,
     };
+    // Webhook sinks start before the publisher's first commit: their cursors hold back the
+    // store's event trimming.
+    let webhooks = webhooks::Webhooks::start(&cfg, store.clone(), log.clone(), &shutdown).map_err(
+        |e| match e {
+            webhooks::WebhookError::Store(e) => RunError::Store(e),
+            e => RunError::Corrupt(e.to_string()),
+        },
+    )?;
     let (publisher, publisher_task) = events::publisher::spawn(
         PublisherCfg {
             store: store.clone().map(|s| (s, durability)),
@@ -351,6 +362,7 @@ pub async fn run(
     metrics::gauge!(telemetry::FENCES).set(fence_map.len() as f64);
     let state = Arc::new(AppState {
         fence_limits: fence_limits(&cfg),
+        auth: crate::auth::Keys::new(cfg.api_keys.clone()),
         cfg: cfg.clone(),
         shards: senders,
         log,
@@ -363,9 +375,11 @@ pub async fn run(
         metrics,
         shutdown: shutdown.clone(),
         tasks: TaskTracker::new(),
+        webhooks: webhooks.clone(),
     });
     let addr = listener.local_addr()?;
     tracing::info!(%addr, shards = cfg.shards, clock = %cfg.clock, lateness = %cfg.lateness, durability = %cfg.durability, fences = fences.len(), "geodwell listening");
+    warn_if_open(&cfg, addr);
     let app = http::router(state.clone());
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
@@ -380,6 +394,8 @@ pub async fn run(
     {
         tracing::warn!("WebSocket tasks did not finish within the shutdown grace period");
     }
+    // Webhook sinks stop and write their cursors (fsync'd) while the store is still open.
+    webhooks.stop(grace).await;
     shard_stop.cancel();
     for t in shard_tasks {
         let _ = tokio::time::timeout(grace, t).await;
@@ -416,4 +432,30 @@ pub async fn start(cfg: Config) -> Result<Running, RunError> {
         shutdown,
         handle,
     })
+}
+
+/// Says loudly when authentication is off; louder when the address is reachable from other
+/// machines.
+fn warn_if_open(cfg: &Config, addr: SocketAddr) {
+    if !cfg.api_keys.is_empty() {
+        tracing::info!(
+            keys = cfg.api_keys.len(),
+            open_metrics = cfg.open_metrics,
+            "authentication is on"
+        );
+        return;
+    }
+    if addr.ip().is_loopback() {
+        tracing::warn!(
+            %addr,
+            "AUTHENTICATION IS OFF: any local process can send fixes, read events and change fences. \
+             Configure [auth] api_keys (or GEODWELL_API_KEYS) before exposing this service."
+        );
+    } else {
+        tracing::error!(
+            %addr,
+            "AUTHENTICATION IS OFF ON A NON-LOOPBACK ADDRESS: anyone who can reach this address can \
+             send fixes, read events and change fences. Configure [auth] api_keys (or GEODWELL_API_KEYS)."
+        );
+    }
 }

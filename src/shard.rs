@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ClockMode;
-use crate::core::engine::{DeviceView, Engine, EngineStats, IngestError, Ingested};
+use crate::core::engine::{DeviceSummary, DeviceView, Engine, EngineStats, IngestError, Ingested};
 use crate::core::event::Event;
 use crate::core::fences::Fence;
 use crate::core::fix::Fix;
@@ -94,6 +94,15 @@ pub enum ShardMsg {
         id: String,
         /// Where to answer.
         reply: oneshot::Sender<Option<DeviceView>>,
+    },
+    /// A page of device summaries in slot order (see [`Engine::device_page`]).
+    DevicePage {
+        /// First slot.
+        from: u32,
+        /// Page length.
+        limit: usize,
+        /// Where to answer: the page and the slot to resume from.
+        reply: oneshot::Sender<(Vec<DeviceSummary>, Option<u32>)>,
     },
     /// Counters.
     Stats {
@@ -262,6 +271,10 @@ fn handle(engine: &mut Engine, msg: ShardMsg, out: &mut Vec<Event>) -> Option<Wa
         }
         ShardMsg::Device { id, reply } => {
             let _ = reply.send(engine.device(&id));
+            None
+        }
+        ShardMsg::DevicePage { from, limit, reply } => {
+            let _ = reply.send(engine.device_page(from, limit));
             None
         }
         ShardMsg::Stats { reply } => {

@@ -26,6 +26,8 @@ use crate::shard::{ShardMsg, WallClock};
 pub struct AppState {
     /// Validated configuration.
     pub cfg: Config,
+    /// API keys (from `cfg.api_keys`); authentication is off when empty.
+    pub auth: crate::auth::Keys,
     /// One sender per shard.
     pub shards: Vec<mpsc::Sender<ShardMsg>>,
     /// The event log (read side; only the publisher appends).
@@ -50,6 +52,8 @@ pub struct AppState {
     pub shutdown: CancellationToken,
     /// Tracks WebSocket tasks so shutdown can wait for them.
     pub tasks: TaskTracker,
+    /// The webhook sink manager.
+    pub webhooks: Arc<crate::webhooks::Webhooks>,
 }
 
 impl AppState {

@@ -45,6 +45,9 @@ pub const SUBSCRIBERS_LAGGED: &str = "geodwell_subscribers_lagged_total";
 /// Events sent to subscribers.
 pub const SUBSCRIBER_EVENTS_SENT: &str = "geodwell_subscriber_events_sent_total";
 /// HTTP requests, by matched `route`, `method` and `status`.
+/// Requests refused by authentication, by `reason` (missing, invalid, forbidden).
+pub const AUTH_FAILURES: &str = "geodwell_auth_failures_total";
+/// HTTP requests by route, method and status.
 pub const HTTP_REQUESTS: &str = "geodwell_http_requests_total";
 /// HTTP request duration, seconds, by matched `route`.
 pub const HTTP_REQUEST_SECONDS: &str = "geodwell_http_request_duration_seconds";
@@ -58,6 +61,20 @@ pub const STORE_COMMIT_SECONDS: &str = "geodwell_store_commit_duration_seconds";
 pub const STORE_COMMITS: &str = "geodwell_store_commits_total";
 /// Failed state store commits (data kept and retried).
 pub const STORE_COMMIT_FAILURES: &str = "geodwell_store_commit_failures_total";
+/// Events delivered to a webhook receiver (2xx), by `sink`.
+pub const WEBHOOK_SENT: &str = "geodwell_webhook_sent_total";
+/// Failed webhook attempts (non-2xx, timeout, connection error), by `sink`.
+pub const WEBHOOK_FAILED: &str = "geodwell_webhook_failed_total";
+/// Webhook attempts after the first for an event, by `sink`.
+pub const WEBHOOK_RETRIES: &str = "geodwell_webhook_retries_total";
+/// Events dead-lettered after `max_attempts`, by `sink`.
+pub const WEBHOOK_DEAD_LETTERED: &str = "geodwell_webhook_dead_lettered_total";
+/// Events lost to retention before a lagging webhook sink processed them, by `sink`.
+pub const WEBHOOK_DROPPED: &str = "geodwell_webhook_dropped_total";
+/// Events published but not yet processed by a webhook sink, by `sink`.
+pub const WEBHOOK_LAG_EVENTS: &str = "geodwell_webhook_lag_events";
+/// Duration of one webhook attempt, seconds, by `sink`.
+pub const WEBHOOK_DELIVERY_SECONDS: &str = "geodwell_webhook_delivery_duration_seconds";
 
 /// Installs the Prometheus recorder once per process and returns its handle.
 pub fn install() -> PrometheusHandle {
@@ -72,8 +89,18 @@ pub fn install() -> PrometheusHandle {
                 0.000_005, 0.00001, 0.000_025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.005,
                 0.01, 0.05,
             ];
+            // Webhook attempts are network round trips bounded by a timeout of up to minutes.
+            let webhook_buckets = [
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 15.0, 60.0,
+            ];
             let recorder = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Full(WHEEL_TICK_SECONDS.into()), &tick_buckets)
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(WEBHOOK_DELIVERY_SECONDS.into()),
+                        &webhook_buckets,
+                    )
+                })
                 .and_then(|b| {
                     b.set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &latency_buckets)
                 })
@@ -125,6 +152,10 @@ fn describe() {
     describe_counter!(SUBSCRIBERS_LAGGED, "Subscribers closed for falling behind.");
     describe_counter!(SUBSCRIBER_EVENTS_SENT, "Events sent to subscribers.");
     describe_counter!(
+        AUTH_FAILURES,
+        "Requests refused for a missing or invalid API key or a missing scope."
+    );
+    describe_counter!(
         HTTP_REQUESTS,
         "HTTP requests, by matched route, method and status."
     );
@@ -144,6 +175,32 @@ fn describe() {
     describe_counter!(
         STORE_COMMIT_FAILURES,
         "Failed state store commits (data kept, retried)."
+    );
+    describe_counter!(
+        WEBHOOK_SENT,
+        "Events delivered to a webhook receiver (2xx), by sink."
+    );
+    describe_counter!(WEBHOOK_FAILED, "Failed webhook attempts, by sink.");
+    describe_counter!(
+        WEBHOOK_RETRIES,
+        "Webhook attempts after an event's first, by sink."
+    );
+    describe_counter!(
+        WEBHOOK_DEAD_LETTERED,
+        "Events dead-lettered after max_attempts, by sink."
+    );
+    describe_counter!(
+        WEBHOOK_DROPPED,
+        "Events lost to retention before a lagging webhook sink processed them, by sink."
+    );
+    describe_gauge!(
+        WEBHOOK_LAG_EVENTS,
+        "Events published but not yet processed by a webhook sink, by sink."
+    );
+    describe_histogram!(
+        WEBHOOK_DELIVERY_SECONDS,
+        Unit::Seconds,
+        "Duration of one webhook attempt, by sink."
     );
 }
 

@@ -149,7 +149,7 @@ async fn wrong_types_are_per_item_errors() {
         json!({"device": "a", "ts": t, "lat": 50.0, "lon": [10.0]}),
         json!({"device": 17, "ts": t, "lat": 50.0, "lon": 10.0}),
         json!({"device": "a", "ts": true, "lat": 50.0, "lon": 10.0}),
-        json!({"device": "a", "ts": 1.5e12, "lat": 50.0, "lon": 10.0}),
+        json!({"device": "a", "ts": 1.5e12 + 0.5, "lat": 50.0, "lon": 10.0}),
         json!({"device": "a", "ts": "yesterday", "lat": 50.0, "lon": 10.0}),
         json!({"device": "a", "ts": t, "lat": 50.0, "lon": 10.0, "accuracy": "good"}),
         json!({"device": "a", "ts": t, "lat": 50.0, "lon": 10.0, "accuracy": -1}),

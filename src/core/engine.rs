@@ -129,6 +129,20 @@ pub struct DeviceView {
     pub pairs: Vec<(Arc<str>, PairView)>,
 }
 
+/// A device in a listing: where it is and which fences it is inside (committed ENTER, no EXIT
+/// yet).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceSummary {
+    /// Device id.
+    pub id: Arc<str>,
+    /// Latest applied fix time.
+    pub last_fix_at: Option<Ts>,
+    /// Latest applied position (lat, lon).
+    pub last_position: Option<(f64, f64)>,
+    /// Ids of the fences the device is inside, sorted.
+    pub inside: Vec<Arc<str>>,
+}
+
 /// The durable state of one device: what [`Engine::export`] writes and [`Engine::restore`]
 /// reads. Fences are named by id, so the state survives fence slots being renumbered.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -580,6 +594,40 @@ impl Engine {
             buffered: dev.buffer.len(),
             pairs,
         })
+    }
+
+    /// One page of device summaries in slot order, starting at slot `from`, at most `limit`
+    /// long; also returns the slot to resume from, if any devices remain. Slot order is stable
+    /// (slots are never reused), so paging never skips or repeats a device, and a page costs
+    /// O(limit) rather than a sort of every device.
+    pub fn device_page(&self, from: u32, limit: usize) -> (Vec<DeviceSummary>, Option<u32>) {
+        let start = (from as usize).min(self.devices.len());
+        let end = start.saturating_add(limit).min(self.devices.len());
+        let page = self.devices[start..end]
+            .iter()
+            .map(|dev| {
+                let mut inside: Vec<Arc<str>> = dev
+                    .pairs
+                    .iter()
+                    .filter_map(|&p| {
+                        let pair = &self.pairs[p as usize];
+                        if !pair.is_inside() {
+                            return None;
+                        }
+                        self.fences.get(pair.fence).map(|f| f.id.clone())
+                    })
+                    .collect();
+                inside.sort();
+                DeviceSummary {
+                    id: dev.id.clone(),
+                    last_fix_at: dev.last_applied,
+                    last_position: dev.last_position,
+                    inside,
+                }
+            })
+            .collect();
+        let next = (end < self.devices.len()).then_some(end as u32);
+        (page, next)
     }
 
     fn device_slot(&mut self, id: &Arc<str>) -> u32 {

@@ -38,6 +38,16 @@ impl ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, code, message)
     }
 
+    /// 401: no valid API key.
+    pub fn unauthorized(code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::UNAUTHORIZED, code, message)
+    }
+
+    /// 403: the key lacks a scope.
+    pub fn forbidden(code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::FORBIDDEN, code, message)
+    }
+
     /// 404.
     pub fn not_found(code: &'static str, message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::NOT_FOUND, code, message)

@@ -32,20 +32,25 @@ const CHUNK: usize = 512;
 /// How long one send to a subscriber may block before it counts as fallen behind.
 pub const SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-fn parse_u64(q: &HashMap<String, String>, key: &str) -> Result<Option<u64>, ApiError> {
+pub(crate) fn parse_u64(q: &HashMap<String, String>, key: &str) -> Result<Option<u64>, ApiError> {
     q.get(key)
         .map(|v| {
-            v.parse::<u64>().map_err(|_| {
-                ApiError::bad_request(
-                    "bad_query",
-                    format!("{key} must be a non-negative integer, got {v:?}"),
-                )
-            })
+            // Capped at i64::MAX: seqs never get there, and JSON clients with 64-bit signed
+            // integers (the OpenAPI `int64` format) can hold every answer.
+            v.parse::<u64>()
+                .ok()
+                .filter(|n| *n <= i64::MAX as u64)
+                .ok_or_else(|| {
+                    ApiError::bad_request(
+                        "bad_query",
+                        format!("{key} must be an integer in 0..={}, got {v:?}", i64::MAX),
+                    )
+                })
         })
         .transpose()
 }
 
-fn check_known(q: &HashMap<String, String>, known: &[&str]) -> Result<(), ApiError> {
+pub(crate) fn check_known(q: &HashMap<String, String>, known: &[&str]) -> Result<(), ApiError> {
     for k in q.keys() {
         if !known.contains(&k.as_str()) {
             return Err(ApiError::bad_request(
@@ -58,6 +63,16 @@ fn check_known(q: &HashMap<String, String>, known: &[&str]) -> Result<(), ApiErr
 }
 
 /// `GET /v1/events?from_seq=N&limit=M`: events with `seq >= N` (default: the oldest held).
+#[utoipa::path(get, path = "/v1/events", tag = "events",
+    description = "Events with seq >= from_seq (default: the oldest held). Scope: read.",
+    params(
+        ("from_seq" = Option<u64>, Query, description = "First seq wanted"),
+        ("limit" = Option<u64>, Query, minimum = 1, description = "Most events (default 1000, at most max_poll_limit)"),
+    ),
+    responses(
+        (status = 200, description = "A page of events", body = crate::http::openapi::EventsPage),
+        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), (status = 401, description = "No valid API key", body = crate::http::openapi::ErrorBody), (status = 403, description = "The key lacks the scope", body = crate::http::openapi::ErrorBody),
+    ))]
 pub async fn poll(
     State(st): State<Arc<AppState>>,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
@@ -146,6 +161,18 @@ impl Filter {
 }
 
 /// `GET /v1/events/ws?from_seq=N&types=...&fence=...&device=...`.
+#[utoipa::path(get, path = "/v1/events/ws", tag = "events",
+    description = "WebSocket subscription: one event JSON per text frame, from from_seq, filtered. Browsers may pass the key as `access_token`. Scope: read.",
+    params(
+        ("from_seq" = Option<u64>, Query, description = "First seq wanted (default: new events only)"),
+        ("types" = Option<String>, Query, description = "Comma-separated kinds: enter, exit, dwell"),
+        ("fence" = Option<String>, Query, description = "Fence id glob"),
+        ("device" = Option<String>, Query, description = "Device id"),
+    ),
+    responses(
+        (status = 101, description = "Switching to WebSocket"),
+        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), (status = 401, description = "No valid API key", body = crate::http::openapi::ErrorBody), (status = 403, description = "The key lacks the scope", body = crate::http::openapi::ErrorBody),
+    ))]
 pub async fn subscribe(
     State(st): State<Arc<AppState>>,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,

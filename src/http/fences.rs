@@ -113,6 +113,18 @@ pub async fn install(st: &AppState, fences: Vec<Fence>) -> Result<usize, ApiErro
 }
 
 /// `PUT /v1/fences/{id}`: body is a GeoJSON Feature (its `id`, if any, must match).
+#[utoipa::path(put, path = "/v1/fences/{id}", tag = "fences",
+    description = "Creates or replaces one fence from a GeoJSON Feature. Scope: admin.",
+    params(("id" = String, Path, description = "Fence id")),
+    request_body(content((crate::http::openapi::FenceFeature = "application/json"))),
+    responses(
+        (status = 200, description = "Replaced; the normalized fence", body = crate::http::openapi::FenceFeature),
+        (status = 201, description = "Created; the normalized fence", body = crate::http::openapi::FenceFeature),
+        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), (status = 401, description = "No valid API key", body = crate::http::openapi::ErrorBody), (status = 403, description = "The key lacks the scope", body = crate::http::openapi::ErrorBody),
+        (status = 413, description = "Body too large", body = crate::http::openapi::ErrorBody),
+        (status = 422, description = "Not a valid fence", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "Overloaded, store unavailable or shutting down (Retry-After)", body = crate::http::openapi::ErrorBody),
+    ))]
 pub async fn put_fence(
     State(st): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
@@ -143,6 +155,16 @@ pub async fn put_fence(
 }
 
 /// `POST /v1/fences`: a Feature or FeatureCollection; nothing is applied if any is invalid.
+#[utoipa::path(post, path = "/v1/fences", tag = "fences",
+    description = "Creates or replaces fences from a Feature or FeatureCollection; nothing is applied if any is invalid. Scope: admin.",
+    request_body(content((crate::http::openapi::FenceBody = "application/json"))),
+    responses(
+        (status = 201, description = "Written", body = crate::http::openapi::FencesWritten),
+        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), (status = 401, description = "No valid API key", body = crate::http::openapi::ErrorBody), (status = 403, description = "The key lacks the scope", body = crate::http::openapi::ErrorBody),
+        (status = 413, description = "Body too large", body = crate::http::openapi::ErrorBody),
+        (status = 422, description = "Not valid fences, or too many", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "Overloaded, store unavailable or shutting down (Retry-After)", body = crate::http::openapi::ErrorBody),
+    ))]
 pub async fn post_fences(
     State(st): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
@@ -168,6 +190,14 @@ pub async fn post_fences(
 }
 
 /// `GET /v1/fences/{id}`.
+#[utoipa::path(get, path = "/v1/fences/{id}", tag = "fences",
+    description = "One fence, normalized. Scope: read.",
+    params(("id" = String, Path, description = "Fence id")),
+    responses(
+        (status = 200, description = "The fence", body = crate::http::openapi::FenceFeature),
+        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), (status = 401, description = "No valid API key", body = crate::http::openapi::ErrorBody), (status = 403, description = "The key lacks the scope", body = crate::http::openapi::ErrorBody),
+        (status = 404, description = "No such fence", body = crate::http::openapi::ErrorBody),
+    ))]
 pub async fn get_fence(
     State(st): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
@@ -186,6 +216,12 @@ pub async fn get_fence(
 }
 
 /// `GET /v1/fences`: all fences as a FeatureCollection, sorted by id.
+#[utoipa::path(get, path = "/v1/fences", tag = "fences",
+    description = "Every fence, sorted by id. Scope: read.",
+    responses(
+        (status = 200, description = "The fences", body = crate::http::openapi::FenceCollection),
+        (status = 401, description = "No valid API key", body = crate::http::openapi::ErrorBody), (status = 403, description = "The key lacks the scope", body = crate::http::openapi::ErrorBody),
+    ))]
 pub async fn list_fences(State(st): State<Arc<AppState>>) -> Response {
     let features: Vec<geojson::Feature> = st
         .fences
@@ -203,6 +239,15 @@ pub async fn list_fences(State(st): State<Arc<AppState>>) -> Response {
 }
 
 /// `DELETE /v1/fences/{id}`: drops the fence, its pairs and their timers.
+#[utoipa::path(delete, path = "/v1/fences/{id}", tag = "fences",
+    description = "Drops the fence, its pairs and their timers. Scope: admin.",
+    params(("id" = String, Path, description = "Fence id")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), (status = 401, description = "No valid API key", body = crate::http::openapi::ErrorBody), (status = 403, description = "The key lacks the scope", body = crate::http::openapi::ErrorBody),
+        (status = 404, description = "No such fence", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "Overloaded, store unavailable or shutting down (Retry-After)", body = crate::http::openapi::ErrorBody),
+    ))]
 pub async fn delete_fence(
     State(st): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,

@@ -92,6 +92,19 @@ pub fn check_batch(n: usize, max: usize) -> Result<(), ApiError> {
 }
 
 /// `POST /v1/fixes`.
+#[utoipa::path(post, path = "/v1/fixes", tag = "ingest",
+    description = "One fix, a JSON array, or NDJSON (`application/x-ndjson`). A batch with some bad items still applies the good ones; 422 only when every item is rejected. Scope: ingest.",
+    request_body(content(
+        (crate::http::openapi::FixBody = "application/json"),
+        (String = "application/x-ndjson"),
+    )),
+    responses(
+        (status = 200, description = "Counts of accepted, late, duplicate and rejected fixes", body = crate::ingest::IngestReport),
+        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), (status = 401, description = "No valid API key", body = crate::http::openapi::ErrorBody), (status = 403, description = "The key lacks the scope", body = crate::http::openapi::ErrorBody),
+        (status = 413, description = "Body or batch too large", body = crate::http::openapi::ErrorBody),
+        (status = 422, description = "Every item was rejected", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "Overloaded, store unavailable or shutting down (Retry-After)", body = crate::http::openapi::ErrorBody),
+    ))]
 pub async fn post_fixes(
     State(st): State<Arc<AppState>>,
     headers: HeaderMap,

@@ -21,6 +21,12 @@ use crate::ingest::{BatchError, BatchShapeError, IngestReport, Pending, dispatch
 use crate::state::AppState;
 
 /// `GET /v1/ingest/ws`.
+#[utoipa::path(get, path = "/v1/ingest/ws", tag = "ingest",
+    description = "WebSocket ingest: fixes as JSON text frames (one fix or an array per frame); each frame is answered with its report. Scope: ingest.",
+    responses(
+        (status = 101, description = "Switching to WebSocket"),
+        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), (status = 401, description = "No valid API key", body = crate::http::openapi::ErrorBody), (status = 403, description = "The key lacks the scope", body = crate::http::openapi::ErrorBody),
+    ))]
 pub async fn ingest_ws(
     State(st): State<Arc<AppState>>,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,

@@ -1,22 +1,31 @@
 //! The HTTP and WebSocket interface (DESIGN section 6): `router(state)` builds it; one file per
 //! resource; every failure goes through [`error::ApiError`].
 
+pub mod auth;
 pub mod devices;
 pub mod error;
 pub mod events;
 pub mod fences;
 pub mod fixes;
 pub mod ingest_ws;
+pub mod openapi;
 pub mod ops;
+pub mod trackers;
+pub mod ui;
+pub mod webhooks;
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::header;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::state::AppState;
 use crate::telemetry as t;
@@ -25,41 +34,90 @@ use error::ApiError;
 /// Builds the router over shared state.
 pub fn router(state: Arc<AppState>) -> Router {
     let limit = state.cfg.max_body_bytes;
-    Router::new()
-        .route("/v1/fixes", axum::routing::post(fixes::post_fixes))
+    let (documented, api) = documented_routes().split_for_parts();
+    let api_json: Arc<str> = serde_json::to_string_pretty(&openapi::tune(&api, &state.cfg))
+        .unwrap_or_default()
+        .into();
+    documented
         .route(
-            "/v1/fences",
-            get(fences::list_fences).post(fences::post_fences),
+            "/openapi.json",
+            get(move || {
+                let body = api_json.clone();
+                async move {
+                    (
+                        [(header::CONTENT_TYPE, "application/json")],
+                        body.to_string(),
+                    )
+                }
+            }),
         )
-        .route(
-            "/v1/fences/{id}",
-            get(fences::get_fence)
-                .put(fences::put_fence)
-                .delete(fences::delete_fence),
-        )
-        .route("/v1/devices/{id}", get(devices::get_device))
-        .route("/v1/events", get(events::poll))
-        .route("/v1/events/ws", get(events::subscribe))
-        .route("/v1/ingest/ws", get(ingest_ws::ingest_ws))
-        .route("/metrics", get(ops::metrics))
-        .route("/healthz", get(ops::healthz))
-        .route("/readyz", get(ops::readyz))
+        .route("/", get(ui::index))
+        .route("/ui/{*path}", get(ui::asset))
         .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn_with_state(state.clone(), auth::require))
+        .layer(middleware::from_fn(method_not_allowed))
         .layer(middleware::from_fn_with_state(state.clone(), track))
         .with_state(state)
 }
 
-async fn method_not_allowed() -> Response {
-    ApiError {
+/// The documented API: each handler is registered under the path and method of its
+/// `#[utoipa::path]` attribute, so what is served and what `/openapi.json` says are one list.
+pub fn documented_routes() -> OpenApiRouter<Arc<AppState>> {
+    OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+        .routes(routes!(fixes::post_fixes))
+        .routes(routes!(fences::list_fences, fences::post_fences))
+        .routes(routes!(
+            fences::get_fence,
+            fences::put_fence,
+            fences::delete_fence
+        ))
+        .routes(routes!(devices::list_devices))
+        .routes(routes!(devices::get_device))
+        .routes(routes!(events::poll))
+        .routes(routes!(events::subscribe))
+        .routes(routes!(ingest_ws::ingest_ws))
+        .routes(routes!(ops::metrics))
+        .routes(routes!(ops::healthz))
+        .routes(routes!(ops::readyz))
+        .routes(routes!(trackers::osmand_get, trackers::osmand_post))
+        .routes(routes!(trackers::owntracks))
+        .routes(routes!(webhooks::list_webhooks, webhooks::create_webhook))
+        .routes(routes!(webhooks::get_webhook, webhooks::delete_webhook))
+        .routes(routes!(
+            webhooks::list_dead_letters,
+            webhooks::clear_dead_letters
+        ))
+        .routes(routes!(webhooks::retry_dead_letters))
+}
+
+/// The OpenAPI 3.1 document served at `/openapi.json`.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    documented_routes().into_openapi()
+}
+
+/// Gives axum's bare 405 answers the error JSON body, keeping their `Allow` header (which a
+/// `method_not_allowed_fallback` would lose).
+async fn method_not_allowed(req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    if resp.status() != axum::http::StatusCode::METHOD_NOT_ALLOWED
+        || resp.headers().contains_key(header::CONTENT_TYPE)
+    {
+        return resp;
+    }
+    let allow = resp.headers().get(header::ALLOW).cloned();
+    let mut out = ApiError {
         status: axum::http::StatusCode::METHOD_NOT_ALLOWED,
         code: "method_not_allowed",
         message: "this endpoint does not take that method".into(),
         details: None,
         retry_after: None,
     }
-    .into_response()
+    .into_response();
+    if let Some(allow) = allow {
+        out.headers_mut().insert(header::ALLOW, allow);
+    }
+    out
 }
 
 async fn not_found() -> Response {

@@ -12,6 +12,12 @@ use crate::state::AppState;
 use crate::telemetry as t;
 
 /// `GET /metrics`: Prometheus text format.
+#[utoipa::path(get, path = "/metrics", tag = "ops", security((), ("bearer" = [])),
+    description = "Prometheus text format. Open unless `auth.open_metrics = false` (then scope read).",
+    responses(
+        (status = 200, description = "Metrics", body = String, content_type = "text/plain"),
+        (status = 401, description = "No valid API key", body = crate::http::openapi::ErrorBody), (status = 403, description = "The key lacks the scope", body = crate::http::openapi::ErrorBody),
+    ))]
 pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     metrics::gauge!(t::EVENT_LOG_EVENTS).set(st.log.len() as f64);
     (
@@ -25,11 +31,20 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
 }
 
 /// `GET /healthz`: the process is up.
+#[utoipa::path(get, path = "/healthz", tag = "ops", security(()),
+    description = "The process is up. Always open.",
+    responses((status = 200, description = "Up", body = crate::http::openapi::Health)))]
 pub async fn healthz() -> Response {
     Json(json!({"status": "ok"})).into_response()
 }
 
 /// `GET /readyz`: every shard is running and the service is not shutting down.
+#[utoipa::path(get, path = "/readyz", tag = "ops", security(()),
+    description = "Every shard runs and the service is not shutting down. Always open.",
+    responses(
+        (status = 200, description = "Ready", body = crate::http::openapi::Ready),
+        (status = 503, description = "Not ready", body = crate::http::openapi::Ready),
+    ))]
 pub async fn readyz(State(st): State<Arc<AppState>>) -> Response {
     let shards_up = st.shards.iter().all(|s| !s.is_closed());
     if shards_up && !st.shutdown.is_cancelled() {

@@ -5,6 +5,8 @@
 //! - [`Store`]: open (create or verify), [`Store::load`] everything for a warm start, and
 //!   [`Store::commit`] one [`Batch`] in one write transaction.
 //! - [`check`]: offline verification for `geodwell store check`.
+//! - `webhooks.rs`: webhook sink definitions, cursors and dead letters, and the event-retention
+//!   hold for lagging sinks (two tables created on first use; see `docs/webhooks.md`).
 //!
 //! Invariants:
 //! - The file holds `meta.schema_version == SCHEMA_VERSION`, written in the same transaction
@@ -24,6 +26,7 @@ mod check;
 mod codec;
 #[cfg(test)]
 mod tests;
+mod webhooks;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -41,6 +44,7 @@ use crate::core::engine::DeviceState;
 
 pub use batch::Batch;
 pub use check::{CheckReport, check};
+pub use webhooks::{WEBHOOK_CURSOR_PREFIX, WebhookBatch, WebhookSnapshot, webhook_cursor_key};
 
 /// The layout version this build reads and writes. Bump it on any change to the tables or to an
 /// encoding (see `codec.rs`); a store of another version is refused, never reinterpreted.
@@ -283,6 +287,9 @@ pub struct Store {
     failed_commits: AtomicU64,
     reopens: AtomicU64,
     fail_next: AtomicU32,
+    /// Commits never trim events at or above this seq (webhook sinks still need them; see
+    /// `webhooks.rs`). `u64::MAX`: no hold.
+    event_floor: AtomicU64,
 }
 
 impl fmt::Debug for Store {
@@ -318,6 +325,7 @@ impl Store {
             failed_commits: AtomicU64::new(0),
             reopens: AtomicU64::new(0),
             fail_next: AtomicU32::new(0),
+            event_floor: AtomicU64::new(u64::MAX),
         })
     }
 
@@ -461,7 +469,8 @@ impl Store {
             Durability::Async => redb::Durability::None,
         })
         .map_err(|e| err("set durability")(e.into()))?;
-        write_batch(&txn, batch).map_err(err("write"))?;
+        let floor = self.event_floor.load(Ordering::Acquire);
+        write_batch(&txn, batch, floor).map_err(err("write"))?;
         txn.commit().map_err(|e| err("commit")(e.into()))?;
         Ok(())
     }
@@ -476,7 +485,7 @@ fn needs_reopen(e: &redb::TransactionError) -> bool {
     )
 }
 
-fn write_batch(txn: &redb::WriteTransaction, b: &Batch) -> Result<(), redb::Error> {
+fn write_batch(txn: &redb::WriteTransaction, b: &Batch, floor: u64) -> Result<(), redb::Error> {
     if !b.devices_put.is_empty() || !b.devices_del.is_empty() {
         let mut t = txn.open_table(DEVICES)?;
         for id in &b.devices_del {
@@ -504,7 +513,8 @@ fn write_batch(txn: &redb::WriteTransaction, b: &Batch) -> Result<(), redb::Erro
             t.insert(*seq, &**json)?;
         }
         if let Some(below) = b.trim_events_below {
-            t.retain_in(..below, |_, _| false)?;
+            // Events a webhook sink still needs are kept past the log's retention.
+            t.retain_in(..below.min(floor), |_, _| false)?;
         }
     }
     if b.watermark.is_some() || b.max_seen.is_some() || b.next_seq.is_some() {

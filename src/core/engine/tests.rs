@@ -571,3 +571,36 @@ fn changed_thresholds_apply_to_open_visits() {
     h.w(701);
     assert_eq!(h.take(), vec![(Enter, 0, 0), (Dwell, 600, 600)]);
 }
+
+#[test]
+fn device_pages_walk_every_device_once_and_name_the_fences_it_is_inside() {
+    let mut h = H::new(serde_json::json!({}));
+    for i in 0..7 {
+        let p = if i % 2 == 0 { IN } else { FAR };
+        h.fix_acc(&format!("d{i}"), i, p, None);
+    }
+    let mut seen = Vec::new();
+    let mut from = 0;
+    loop {
+        let (page, next) = h.e.device_page(from, 3);
+        assert!(page.len() <= 3);
+        seen.extend(page);
+        match next {
+            Some(n) => from = n,
+            None => break,
+        }
+    }
+    let ids: Vec<&str> = seen.iter().map(|d| &*d.id).collect();
+    assert_eq!(ids, ["d0", "d1", "d2", "d3", "d4", "d5", "d6"]);
+    for (i, d) in seen.iter().enumerate() {
+        let want: Vec<&str> = if i % 2 == 0 { vec!["sq"] } else { vec![] };
+        assert_eq!(
+            d.inside.iter().map(|f| &**f).collect::<Vec<_>>(),
+            want,
+            "{}",
+            d.id
+        );
+        assert_eq!(d.last_fix_at, Some(ts(i as i64)));
+    }
+    assert_eq!(h.e.device_page(100, 3), (vec![], None), "past the end");
+}

@@ -1,0 +1,205 @@
+// The fence list (legend with dwell thresholds and inside counters) and the details panel.
+
+import { eventRow } from './feed.js';
+import { el, fmtTime, fmtValue } from './util.js';
+
+/** Fence rows rendered at once; the filter box narrows a longer list. */
+export const MAX_LISTED_FENCES = 500;
+
+/** The left-hand fence list. Rows are rebuilt when fences or the filter change; counters in place. */
+export class FenceList {
+  constructor({ list, filter, empty, more, count }, onSelect) {
+    this.list = list;
+    this.filterEl = filter;
+    this.emptyEl = empty;
+    this.moreEl = more;
+    this.countEl = count;
+    this.onSelect = onSelect;
+    this.fences = [];
+    this.rows = new Map();
+    this.counts = new Map();
+    this.selected = null;
+    filter.addEventListener('input', () => this.render());
+  }
+
+  /** @param {Array<{id: string, feature: object, colour: string}>} fences sorted by id */
+  setFences(fences) {
+    this.fences = fences;
+    this.render();
+  }
+
+  render() {
+    const q = this.filterEl.value.trim().toLowerCase();
+    const matching = q
+      ? this.fences.filter((f) => f.id.toLowerCase().includes(q)
+        || String(f.feature.properties?.name ?? '').toLowerCase().includes(q))
+      : this.fences;
+    const shown = matching.slice(0, MAX_LISTED_FENCES);
+    this.rows.clear();
+    this.list.replaceChildren(...shown.map((f) => this.row(f)));
+    this.emptyEl.hidden = this.fences.length > 0;
+    this.countEl.textContent = this.fences.length ? `(${this.fences.length})` : '';
+    this.moreEl.hidden = matching.length <= shown.length;
+    this.moreEl.textContent = `${matching.length - shown.length} more not listed; type in the filter to narrow.`;
+    this.setCounts(this.counts);
+  }
+
+  row(f) {
+    const p = f.feature.properties || {};
+    const dwell = Array.isArray(p.dwell) ? p.dwell : [];
+    const inside = el('span', { class: 'inside', title: 'devices inside now', text: '0' });
+    const li = el('li', { data: { fence: f.id }, class: f.id === this.selected ? 'selected' : '',
+      on: { click: () => this.onSelect('fence', f.id) } },
+      el('span', { class: 'swatch' }),
+      el('span', {},
+        el('div', { class: 'fence-id', text: f.id }),
+        p.name ? el('div', { class: 'fence-name', text: p.name }) : null),
+      inside,
+      el('span', { class: 'thresholds' },
+        ...(dwell.length
+          ? dwell.map((d) => el('span', { class: 'chip', title: 'dwell threshold', text: `dwell ${d}` }))
+          : [el('span', { class: 'chip', text: 'no dwell thresholds' })]),
+        p.radius_m !== undefined ? el('span', { class: 'chip', text: `circle ${p.radius_m} m` }) : null));
+    // Colours go through the CSSOM: the page's CSP forbids inline style attributes.
+    const sw = li.querySelector('.swatch');
+    sw.style.borderColor = f.colour;
+    sw.style.background = f.colour.replace('hsl(', 'hsla(').replace(')', ', 0.25)');
+    this.rows.set(f.id, { li, inside });
+    return li;
+  }
+
+  /** @param {Map<string, number>} counts devices inside, by fence id */
+  setCounts(counts) {
+    this.counts = counts;
+    for (const [id, r] of this.rows) {
+      const n = counts.get(id) || 0;
+      const text = String(n);
+      if (r.inside.textContent !== text) {
+        r.inside.textContent = text;
+        r.inside.classList.toggle('nonzero', n > 0);
+      }
+    }
+  }
+
+  select(id) {
+    this.selected = id;
+    for (const [fid, r] of this.rows) r.li.classList.toggle('selected', fid === id);
+  }
+}
+
+function kv(pairs) {
+  const dl = el('dl', { class: 'kv' });
+  for (const [k, v] of pairs) {
+    if (v === undefined) continue;
+    dl.append(el('dt', { text: k }), el('dd', {}, v instanceof Node ? v : fmtValue(v)));
+  }
+  return dl;
+}
+
+function eventList(events, onSelect, show) {
+  if (!events.length) return el('p', { class: 'empty', text: 'No events seen since this page opened.' });
+  return el('ol', { class: 'mini-feed' }, ...events.map((e) => eventRow(e, onSelect, show)));
+}
+
+function linkList(ids, kind, onSelect, cap = 200) {
+  if (!ids.length) return el('p', { class: 'empty', text: 'none' });
+  const ul = el('ul', { class: 'mini-feed' });
+  for (const id of ids.slice(0, cap)) {
+    ul.append(el('li', {}, el('button', { class: 'link', type: 'button', text: id,
+      data: { [kind]: id }, on: { click: () => onSelect(kind, id) } })));
+  }
+  if (ids.length > cap) ul.append(el('li', { class: 'muted', text: `… and ${ids.length - cap} more` }));
+  return ul;
+}
+
+/** The details panel for the selected fence or device. */
+export class Details {
+  constructor({ panel, title, body, close }, onSelect, onClose) {
+    this.panel = panel;
+    this.title = title;
+    this.body = body;
+    this.onSelect = onSelect;
+    close.addEventListener('click', onClose);
+  }
+
+  hide() {
+    this.panel.hidden = true;
+    this.body.replaceChildren();
+  }
+
+  show(kind, id, ...content) {
+    this.panel.hidden = false;
+    this.panel.dataset.kind = kind;
+    this.panel.dataset.id = id;
+    this.title.textContent = `${kind === 'fence' ? 'Fence' : 'Device'} ${id}`;
+    this.body.replaceChildren(...content);
+  }
+
+  /**
+   * @param {{id: string, feature: object}|undefined} fence
+   * @param {string[]} inside device ids inside it now
+   * @param {object[]} events newest first
+   */
+  showFence(id, fence, inside, events) {
+    if (!fence) {
+      this.show('fence', id, el('p', { class: 'empty', text: 'This fence no longer exists.' }));
+      return;
+    }
+    const p = fence.feature.properties || {};
+    const g = fence.feature.geometry || {};
+    const shape = g.type === 'Point' ? `circle, radius ${p.radius_m} m` : g.type;
+    this.show('fence', id,
+      kv([
+        ['name', p.name],
+        ['shape', shape],
+        ['dwell', Array.isArray(p.dwell) && p.dwell.length ? p.dwell.join(', ') : 'none'],
+        ['enter / exit confirm', `${p.enter_confirm} / ${p.exit_confirm} fixes`],
+        ['confirm within', p.confirm_within],
+        ['exit buffer', `${p.exit_buffer_m} m`],
+        ['stale after', p.stale_after],
+        ['max accuracy', p.max_accuracy_m === 'off' ? 'off' : `${p.max_accuracy_m} m`],
+        ['tags', p.tags && Object.keys(p.tags).length ? p.tags : undefined],
+      ]),
+      el('h3', { text: `Devices inside (${inside.length})` }),
+      linkList(inside, 'device', this.onSelect),
+      el('h3', { text: 'Recent events' }),
+      eventList(events, this.onSelect, { device: true, fence: false }));
+  }
+
+  /**
+   * @param {object|null} device GET /v1/devices/{id}, or null when the server does not know it
+   * @param {object[]} events newest first
+   * @param {string|null} error why the device could not be read
+   */
+  showDevice(id, device, events, error) {
+    if (!device) {
+      this.show('device', id,
+        el('p', { class: 'empty', text: error || 'No such device.' }),
+        el('h3', { text: 'Recent events' }),
+        eventList(events, this.onSelect, { device: false, fence: true }));
+      return;
+    }
+    const pos = device.last_position;
+    const pairs = device.pairs || [];
+    const table = el('table', { class: 'pairs' },
+      el('thead', {}, el('tr', {}, ...['fence', 'state', 'since', 'dwell fired', 'next due'].map((h) => el('th', { text: h })))),
+      el('tbody', {}, ...pairs.map((pr) => el('tr', { data: { fence: pr.fence, state: pr.state } },
+        el('td', {}, el('button', { class: 'link', type: 'button', text: pr.fence,
+          on: { click: () => this.onSelect('fence', pr.fence) } })),
+        el('td', { class: `state state-${pr.state}`, text: pr.state,
+          title: pr.votes ? `${pr.votes} confirming fix(es) so far` : null }),
+        el('td', { text: fmtTime(pr.entered_at), title: pr.entered_at ?? '' }),
+        el('td', { text: fmtValue(pr.dwell_fired) }),
+        el('td', { text: fmtTime(pr.next_due), title: pr.next_due ?? '' })))));
+    this.show('device', id,
+      kv([
+        ['last fix', fmtTime(device.last_fix_at)],
+        ['position', pos ? `${pos.lat.toFixed(6)}, ${pos.lon.toFixed(6)}` : '–'],
+        ['buffered fixes', device.buffered],
+      ]),
+      el('h3', { text: `Pairs (${pairs.length})` }),
+      pairs.length ? table : el('p', { class: 'empty', text: 'Not inside or entering any fence.' }),
+      el('h3', { text: 'Recent events' }),
+      eventList(events, this.onSelect, { device: false, fence: true }));
+  }
+}

@@ -1,0 +1,118 @@
+//! One delivery attempt: POST one event's JSON to a sink with the Standard Webhooks headers, and
+//! classify the answer.
+//!
+//! Invariants: the body is exactly the event JSON the event log serialized (the same bytes as the
+//! WebSocket feed and the store), and the signature covers exactly that body; only a 2xx answer
+//! counts as delivered (redirects are not followed: the client has no redirect policy); every
+//! attempt is bounded by the sink's timeout, so a hanging receiver costs at most that per try.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use reqwest::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+
+use crate::webhooks::spec::{SinkSpec, sign};
+
+/// Header carrying the event id (stable across retries: receivers dedupe on it).
+pub const HEADER_ID: &str = "webhook-id";
+/// Header carrying the attempt's Unix time in seconds (signed; receivers reject stale ones).
+pub const HEADER_TIMESTAMP: &str = "webhook-timestamp";
+/// Header carrying `v1,<base64 HMAC-SHA256>`.
+pub const HEADER_SIGNATURE: &str = "webhook-signature";
+
+/// The outcome of one attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attempt {
+    /// The receiver answered 2xx.
+    Delivered,
+    /// Anything else: a non-2xx status, a timeout, a connection error.
+    Failed {
+        /// What went wrong, for the status API and dead letters.
+        error: String,
+        /// The receiver's `Retry-After` (whole seconds), if it sent one.
+        retry_after: Option<Duration>,
+    },
+}
+
+/// The HTTP client every sink shares: no redirects (a 3xx is a failure, per Standard Webhooks),
+/// no proxies from the environment, pooled connections.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .user_agent(concat!(
+            "geodwell/",
+            env!("CARGO_PKG_VERSION"),
+            " (webhooks)"
+        ))
+        .build()
+        .unwrap_or_default()
+}
+
+/// Seconds since the Unix epoch, now.
+pub fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// An error with its causes, on one line (reqwest's top-level message alone says little).
+fn error_chain(e: &reqwest::Error) -> String {
+    let mut out = if e.is_timeout() {
+        "timed out".to_string()
+    } else if e.is_connect() {
+        "cannot connect".to_string()
+    } else {
+        "request failed".to_string()
+    };
+    let mut src: Option<&dyn std::error::Error> = std::error::Error::source(e);
+    while let Some(s) = src {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        src = s.source();
+    }
+    out
+}
+
+/// POSTs `body` (one event's JSON, whose id is `event_id`) to the sink.
+pub async fn post(
+    client: &reqwest::Client,
+    spec: &SinkSpec,
+    event_id: &str,
+    body: &str,
+) -> Attempt {
+    let ts = unix_now();
+    let signature = sign(spec.secret.key(), event_id, ts, body.as_bytes());
+    let timeout = Duration::from_millis(spec.timeout.millis().max(1) as u64);
+    let sent = client
+        .post(&spec.url)
+        .timeout(timeout)
+        .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+        .header(HEADER_ID, event_id)
+        .header(HEADER_TIMESTAMP, ts.to_string())
+        .header(HEADER_SIGNATURE, signature)
+        .body(body.to_string())
+        .send()
+        .await;
+    match sent {
+        Ok(resp) if resp.status().is_success() => Attempt::Delivered,
+        Ok(resp) => {
+            let retry_after = resp
+                .headers()
+                .get(RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(Duration::from_secs);
+            Attempt::Failed {
+                error: format!("HTTP {}", resp.status()),
+                retry_after,
+            }
+        }
+        Err(e) => Attempt::Failed {
+            error: if e.is_timeout() {
+                format!("timed out after {}", spec.timeout)
+            } else {
+                error_chain(&e)
+            },
+            retry_after: None,
+        },
+    }
+}
