@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-/// Fixes received, by `transport` (`http`, `ws`).
+/// Fixes received, by `transport` (`http`, `ws`, `osmand`, `owntracks`).
 pub const FIXES_RECEIVED: &str = "geodwell_fixes_received_total";
 /// Fixes rejected, by `reason`.
 pub const FIXES_REJECTED: &str = "geodwell_fixes_rejected_total";
