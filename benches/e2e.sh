@@ -4,6 +4,8 @@
 #
 #   benches/e2e.sh            full run (about 10 minutes)
 #   benches/e2e.sh --quick    smoke run: short steps, small fleets (CI)
+#   benches/e2e.sh --rss-only part 3 only (memory)
+#   E2E_BIN=path/to/geodwell benches/e2e.sh ...   measure that binary (e.g. an older build)
 #
 # Parts:
 #   1. sustained rate: for HTTP NDJSON and WebSocket ingest, store off (`none`) and on (`sync`),
@@ -17,10 +19,21 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 QUICK=0
-if [[ "${1:-}" == "--quick" ]]; then QUICK=1; fi
+RSS_ONLY=0
+for arg in "$@"; do
+  case "$arg" in
+    --quick) QUICK=1 ;;
+    --rss-only) RSS_ONLY=1 ;;
+    *) echo "usage: benches/e2e.sh [--quick] [--rss-only]" >&2; exit 2 ;;
+  esac
+done
 
-cargo build --release --quiet
-BIN="$PWD/target/release/geodwell"
+if [[ -n "${E2E_BIN:-}" ]]; then
+  BIN=$(realpath "$E2E_BIN")
+else
+  cargo build --release --quiet
+  BIN="$PWD/target/release/geodwell"
+fi
 OUT="${CARGO_TARGET_DIR:-$PWD/target}/bench/e2e"
 rm -rf "$OUT"
 mkdir -p "$OUT"
@@ -69,11 +82,13 @@ fi
 
 echo "# geodwell end-to-end benchmark ($(date -u +%FT%TZ), $(nproc) cores, quick=$QUICK)"
 echo
+SUSTAINED_JSON=""
+LAT_JSON=""
+if [[ $RSS_ONLY == 0 ]]; then
 echo "## 1. Sustained rate (event clock, lateness 0, one connection, $DEVICES devices, $SITES sites, ${STEP} per step)"
 echo
 echo "| transport | store | target/s | accepted/s | late | errors | p50 ms | p99 ms | p99.9 ms | max ms | sustained |"
 echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
-SUSTAINED_JSON=""
 for transport in http ws; do
   for durability in none sync; do
     start_server "$transport-$durability" "$durability" 0ms
@@ -98,7 +113,6 @@ echo "## 2. Ingest -> ENTER latency at 50,000 fixes/s, lateness 0 ($LAT_DUR, HTT
 echo
 echo "| store | accepted/s | ENTERs | p50 ms | p99 ms | p99.9 ms | max ms | unmatched |"
 echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-LAT_JSON=""
 for durability in none sync; do
   start_server "lat-$durability" "$durability" 0ms
   rep="$OUT/latency-$durability.json"
@@ -109,6 +123,8 @@ for durability in none sync; do
   stop_server
 done
 echo
+
+fi
 
 echo "## 3. Memory: RSS per live pair (whole process; 0.9 n devices parked inside fences, one fix each)"
 echo

@@ -83,8 +83,9 @@ pub struct Pair {
     pub fence: FenceIdx,
     /// Generation of this record's timer: a wheel entry is live only while it carries this value.
     pub timer_gen: u32,
-    /// The tick the live wheel entry is due at, if one is outstanding.
-    pub timer_due: Option<u64>,
+    /// The tick the live wheel entry is due at; [`Pair::NO_TIMER`] when none is outstanding. A
+    /// sentinel rather than an `Option`, which would take 16 bytes and make the record 64.
+    pub timer_due: u64,
     /// Visit start while INSIDE; the pending ENTER run's first fix while OUTSIDE.
     entered_at: Ts,
     /// First and last fix of the pending run (ENTER run when OUTSIDE, EXIT run when INSIDE).
@@ -143,6 +144,14 @@ pub struct PairView {
 }
 
 impl Pair {
+    /// `timer_due` when no wheel entry is outstanding.
+    pub const NO_TIMER: u64 = u64::MAX;
+
+    /// The tick of the outstanding wheel entry, if any.
+    pub fn timer(&self) -> Option<u64> {
+        (self.timer_due != Pair::NO_TIMER).then_some(self.timer_due)
+    }
+
     /// A pair that has just seen its first inside fix at `ts`. Emits ENTER at once when
     /// `enter_confirm <= 1`.
     pub fn start(
@@ -156,7 +165,7 @@ impl Pair {
             device,
             fence,
             timer_gen: 0,
-            timer_due: None,
+            timer_due: Pair::NO_TIMER,
             entered_at: ts,
             vote_first: ts,
             vote_last: ts,
@@ -195,7 +204,7 @@ impl Pair {
             device,
             fence,
             timer_gen: 0,
-            timer_due: None,
+            timer_due: Pair::NO_TIMER,
             entered_at: Ts(st.entered_at),
             vote_first: Ts(st.vote_first),
             vote_last: Ts(st.vote_last),

@@ -604,3 +604,11 @@ fn device_pages_walk_every_device_once_and_name_the_fences_it_is_inside() {
     }
     assert_eq!(h.e.device_page(100, 3), (vec![], None), "past the end");
 }
+
+/// The records whose count scales with the fleet; their sizes are what a live pair costs
+/// (docs/bench-e2e.md). A size regression should be a decision, not an accident.
+#[test]
+fn record_sizes() {
+    assert_eq!(std::mem::size_of::<Device>(), 96);
+    assert_eq!(std::mem::size_of::<Pair>(), 56);
+}
