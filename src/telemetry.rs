@@ -114,6 +114,10 @@ pub fn install() -> PrometheusHandle {
             // handle renders only what it sees, which is still correct for our own metrics.
             let _ = metrics::set_global_recorder(recorder);
             describe();
+            // Exported from the start, so dashboards and alerts see 0 rather than no series.
+            for reason in ["missing", "invalid", "forbidden"] {
+                metrics::counter!(AUTH_FAILURES, "reason" => reason).absolute(0);
+            }
             handle
         })
         .clone()

@@ -3,6 +3,9 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
@@ -174,4 +177,49 @@ pub fn fix(dev: &str, secs: i64, inside: bool) -> Value {
         (50.05, 10.05)
     };
     json!({"device": dev, "ts": T0 + secs * 1000, "lat": lat, "lon": lon})
+}
+
+// ---- the real binary, for crash tests ------------------------------------------------------
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_geodwell");
+
+/// Starts the real binary on `dir` (event clock, no preloaded fences) with `lateness` and extra
+/// environment; returns it and its base URL once it listens.
+pub fn spawn_bin(dir: &Path, lateness: &str, env: &[(&str, &str)]) -> (Child, String) {
+    let mut child = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--clock",
+            "event",
+            "--lateness",
+            lateness,
+            "--shards",
+            "2",
+        ])
+        .arg("--data-dir")
+        .arg(dir)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .envs(env.iter().copied())
+        .env("GEODWELL_FENCES_FILE", "")
+        .env("GEODWELL_LOG", "info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("binary starts");
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    let addr = loop {
+        let line = lines
+            .next()
+            .expect("server log line (did startup fail?)")
+            .unwrap();
+        if let Some(rest) = line.split("addr=").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+    };
+    // Keep draining stderr so the child never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    (child, format!("http://{addr}"))
 }
