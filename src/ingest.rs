@@ -167,7 +167,8 @@ fn finish_fix(
         .map_err(|e| ("invalid_fix", e.to_string()))
 }
 
-fn kind_of(v: &Value) -> &'static str {
+/// How a JSON value is named in error messages ("a string", "an object", ...).
+pub fn kind_of(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

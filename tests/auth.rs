@@ -163,15 +163,7 @@ async fn keys_and_scopes_guard_every_route() {
 
     // Failures are counted by reason.
     let (_, _, _) = call(&srv, M::GET, "/healthz", None, None).await;
-    let text = srv
-        .http
-        .get(srv.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = srv.metrics().await;
     for reason in ["missing", "invalid", "forbidden"] {
         assert!(
             text.lines()

@@ -197,17 +197,7 @@ async fn a_subscriber_that_falls_behind_is_told_and_can_resume_without_loss() {
         got.push(e["seq"].as_u64().unwrap());
     }
     assert_eq!(got, (resume..resume + 20).collect::<Vec<_>>());
-    let (_, m) = (
-        0,
-        srv.http
-            .get(srv.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap(),
-    );
+    let (_, m) = (0, srv.metrics().await);
     assert!(
         m.contains("geodwell_subscribers_lagged_total"),
         "lagged metric exported"
@@ -249,15 +239,7 @@ async fn metrics_health_and_readiness() {
         json!({"device": "m", "ts": chrono::Utc::now().timestamp_millis(), "lat": 1.0, "lon": 1.0}),
     )
     .await;
-    let m = srv
-        .http
-        .get(srv.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = srv.metrics().await;
     for name in [
         "geodwell_fixes_received_total",
         "geodwell_http_requests_total",

@@ -179,15 +179,7 @@ async fn list_post_collection_and_delete() {
         "{e}"
     );
     // The fence count metric follows.
-    let m = srv
-        .http
-        .get(srv.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = srv.metrics().await;
     assert!(
         m.lines().any(|l| l.starts_with("geodwell_fences ")),
         "geodwell_fences exported"

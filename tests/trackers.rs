@@ -622,15 +622,7 @@ async fn tracker_fixes_are_counted_by_transport_and_wrong_methods_refused() {
     let lwt = json!({"_type": "lwt", "tst": S0}).to_string();
     assert_eq!(owntracks_post(&srv, "", &[], &lwt).await.0, 200);
 
-    let text = srv
-        .http
-        .get(srv.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = srv.metrics().await;
     // The recorder is process-wide and other tests run alongside: at least what this test sent.
     let value = |series: &str| -> f64 {
         text.lines()

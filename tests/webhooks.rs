@@ -329,15 +329,7 @@ async fn delivers_every_event_in_order_signed_and_filtered() {
     assert_eq!(ids, vec!["all", "exits"]);
     assert!(!list.to_string().contains("whsec_"));
     // Metrics, per sink.
-    let metrics = srv
-        .http
-        .get(srv.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = srv.metrics().await;
     assert!(
         metrics.contains("geodwell_webhook_sent_total{sink=\"all\"} 10"),
         "{metrics}"
@@ -426,15 +418,7 @@ async fn dead_letters_after_max_attempts_while_other_sinks_keep_receiving() {
     }
     let (s, dl) = srv.get("/v1/webhooks/bad/dead-letters?limit=1").await;
     assert_eq!((s, dl["dead_letters"].as_array().unwrap().len()), (200, 1));
-    let metrics = srv
-        .http
-        .get(srv.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = srv.metrics().await;
     assert!(metrics.contains("geodwell_webhook_dead_lettered_total{sink=\"bad\"} 4"));
     assert!(metrics.contains("geodwell_webhook_retries_total{sink=\"bad\"} 8"));
 
@@ -586,15 +570,7 @@ async fn without_a_store_a_sink_behind_the_log_counts_the_lost_events() {
     let st = wait_status(&srv, "lossy", |s| s["lag"] == 0).await;
     assert_eq!(rx.seqs(), vec![1, 8, 9, 10], "2..=7 were gone from the log");
     assert_eq!(st["dropped"], 6, "{st}");
-    let metrics = srv
-        .http
-        .get(srv.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = srv.metrics().await;
     assert!(metrics.contains("geodwell_webhook_dropped_total{sink=\"lossy\"} 6"));
     // A new sink asked to start before the retained range starts at its beginning, without
     // counting events that were gone before it existed.

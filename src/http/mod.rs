@@ -80,7 +80,7 @@ pub fn documented_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(ops::metrics))
         .routes(routes!(ops::healthz))
         .routes(routes!(ops::readyz))
-        .routes(routes!(trackers::osmand_get, trackers::osmand_post))
+        .routes(routes!(trackers::osmand))
         .routes(routes!(trackers::owntracks))
         .routes(routes!(webhooks::list_webhooks, webhooks::create_webhook))
         .routes(routes!(webhooks::get_webhook, webhooks::delete_webhook))

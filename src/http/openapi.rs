@@ -423,7 +423,10 @@ pub fn tune(doc: &utoipa::openapi::OpenApi, cfg: &Config) -> Value {
             json!(cfg.max_poll_limit),
         ),
     ] {
-        if let Some(params) = d["paths"][path]["get"]["parameters"].as_array_mut() {
+        if let Some(params) = operation(&mut d, path, "get")
+            .and_then(|o| o.get_mut("parameters"))
+            .and_then(Value::as_array_mut)
+        {
             for p in params.iter_mut().filter(|p| p["name"] == name) {
                 p["schema"][key] = value.clone();
             }
@@ -431,7 +434,9 @@ pub fn tune(doc: &utoipa::openapi::OpenApi, cfg: &Config) -> Value {
     }
     // OsmAnd: an empty optional number (`speed=`) means "unknown", as Traccar reads it.
     for method in ["get", "post"] {
-        if let Some(params) = d["paths"]["/v1/trackers/osmand"][method]["parameters"].as_array_mut()
+        if let Some(params) = operation(&mut d, "/v1/trackers/osmand", method)
+            .and_then(|o| o.get_mut("parameters"))
+            .and_then(Value::as_array_mut)
         {
             for p in params
                 .iter_mut()
@@ -443,7 +448,11 @@ pub fn tune(doc: &utoipa::openapi::OpenApi, cfg: &Config) -> Value {
         }
     }
     // OwnTracks posts an empty body when a friend is deleted and expects 200.
-    d["paths"]["/v1/trackers/owntracks"]["post"]["requestBody"]["required"] = json!(false);
+    if let Some(body) =
+        operation(&mut d, "/v1/trackers/owntracks", "post").and_then(|o| o.get_mut("requestBody"))
+    {
+        body["required"] = json!(false);
+    }
     d
 }
 
@@ -615,4 +624,10 @@ pub struct OwnTracksOther {
     #[serde(rename = "_type")]
     #[schema(pattern = "^(?!location$)")]
     pub kind: String,
+}
+
+/// One operation of the document, if it exists. Indexing a `Value` mutably would insert `null`
+/// for a missing path or method, which makes an invalid document instead of a no-op.
+fn operation<'a>(d: &'a mut Value, path: &str, method: &str) -> Option<&'a mut Value> {
+    d.get_mut("paths")?.get_mut(path)?.get_mut(method)
 }

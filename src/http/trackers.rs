@@ -36,7 +36,7 @@ use crate::config::ClockMode;
 use crate::core::time::Ts;
 use crate::http::error::ApiError;
 use crate::http::fixes::{body_or_error, check_batch};
-use crate::ingest::{IngestReport, Item, RawItem, submit};
+use crate::ingest::{IngestReport, Item, RawItem, kind_of, submit};
 use crate::state::AppState;
 
 /// A per-item failure: (machine code, message), the shape `ingest` uses for item errors.
@@ -141,17 +141,6 @@ fn text_number(field: &str, value: &str) -> Result<f64, FieldError> {
             "invalid_fix",
             format!("{field} must be a finite decimal number, got {value:?}"),
         )),
-    }
-}
-
-fn kind_of(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 
@@ -399,7 +388,7 @@ fn is_json_body(headers: &HeaderMap, body: &[u8]) -> bool {
 /// `GET|POST /v1/trackers/osmand`: the OsmAnd protocol as Traccar Client and the OsmAnd app
 /// speak it. Parameters come from the query and, for a form body, from the body too (body
 /// values win); a JSON body (Traccar Client 9+) is read instead of parameters.
-#[utoipa::path(get, path = "/v1/trackers/osmand", tag = "ingest",
+#[utoipa::path(method(get, post), path = "/v1/trackers/osmand", tag = "ingest",
     description = "OsmAnd / Traccar Client protocol: parameters in the query (and, for POST, a form body), or Traccar Client 9+ JSON. `timestamp` is Unix seconds or ms, or a date-time; `speed` is knots. Trackers that cannot send headers pass the key as `access_token`. Scope: ingest. See docs/trackers.md.",
     params(
         ("id" = String, Query, min_length = 1, pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$", description = "Device id (`deviceid` is also read)"),
@@ -416,44 +405,7 @@ fn is_json_body(headers: &HeaderMap, body: &[u8]) -> bool {
         (status = 413, description = "Body too large", body = crate::http::openapi::ErrorBody),
         (status = 503, description = "Overloaded or shutting down (Retry-After)", body = crate::http::openapi::ErrorBody),
     ))]
-pub async fn osmand_get(
-    st: State<Arc<AppState>>,
-    query: RawQuery,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    osmand(st, query, headers, body).await
-}
-
-/// `POST /v1/trackers/osmand`: as [`osmand_get`], with a form or JSON body.
-#[utoipa::path(post, path = "/v1/trackers/osmand", tag = "ingest",
-    description = "OsmAnd / Traccar Client protocol: parameters in the query (and, for POST, a form body), or Traccar Client 9+ JSON. `timestamp` is Unix seconds or ms, or a date-time; `speed` is knots. Trackers that cannot send headers pass the key as `access_token`. Scope: ingest. See docs/trackers.md.",
-    params(
-        ("id" = String, Query, min_length = 1, pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$", description = "Device id (`deviceid` is also read)"),
-        ("lat" = f64, Query, minimum = -90.0, maximum = 90.0, description = "Latitude (or `location=lat,lon`)"),
-        ("lon" = f64, Query, minimum = -180.0, maximum = 180.0, description = "Longitude"),
-        ("timestamp" = String, Query, pattern = r"^([0-9]{10}|[0-9]{13})$", description = "Fix time: Unix seconds or milliseconds (a date-time is also read). Optional in live mode (arrival time is used)"),
-        ("accuracy" = Option<f64>, Query, minimum = 0.0, description = "Accuracy, metres"),
-        ("speed" = Option<f64>, Query, description = "Speed, knots"),
-        ("bearing" = Option<f64>, Query, description = "Bearing, degrees"),
-    ),
-    responses(
-        (status = 200, description = "Taken (accepted, late or duplicate)", body = crate::ingest::IngestReport),
-        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), (status = 401, description = "No valid API key", body = crate::http::openapi::ErrorBody), (status = 403, description = "The key lacks the scope", body = crate::http::openapi::ErrorBody),
-        (status = 413, description = "Body too large", body = crate::http::openapi::ErrorBody),
-        (status = 503, description = "Overloaded or shutting down (Retry-After)", body = crate::http::openapi::ErrorBody),
-    ))]
-pub async fn osmand_post(
-    st: State<Arc<AppState>>,
-    query: RawQuery,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    osmand(st, query, headers, body).await
-}
-
-/// The OsmAnd handler behind both methods.
-async fn osmand(
+pub async fn osmand(
     State(st): State<Arc<AppState>>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,

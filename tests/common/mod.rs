@@ -98,6 +98,18 @@ impl Srv {
         (status, r.json().await.unwrap_or(Value::Null))
     }
 
+    /// The `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        self.http
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     pub async fn ws(&self, path: &str) -> Ws {
         let url = format!("ws://{}{}", self.run.addr, path);
         let (ws, _) = tokio_tungstenite::connect_async(url)
