@@ -44,17 +44,11 @@ else
 fi
 [[ -x "$BIN" ]] || { echo "browser-test: no executable at $BIN" >&2; exit 1; }
 
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh
 DATA=$(mktemp -d)
-SERVER_PID=""
-stop_server() {
-  if [[ -n "$SERVER_PID" ]]; then
-    kill "$SERVER_PID" 2>/dev/null || true
-    wait "$SERVER_PID" 2>/dev/null || true
-    SERVER_PID=""
-  fi
-}
 cleanup() {
-  stop_server
+  geodwell_stop
   rm -rf "$DATA"
 }
 trap cleanup EXIT
@@ -72,28 +66,15 @@ run_scenario() {
   local log="$OUT/server-$name.log"
   echo "== [$name] starting $BIN"
   rm -rf "$DATA/$name"
-  env "$@" GEODWELL_DURABILITY=none GEODWELL_FENCES_FILE="" GEODWELL_LOG=info \
-    "$BIN" serve --clock event --lateness 0s --listen 127.0.0.1:0 --data-dir "$DATA/$name" \
-    >"$log" 2>&1 &
-  SERVER_PID=$!
-  local port=""
-  for _ in $(seq 1 100); do
-    port=$(sed -n 's/.*geodwell listening.*addr=127\.0\.0\.1:\([0-9][0-9]*\).*/\1/p' "$log" | head -n1)
-    [[ -n "$port" ]] && break
-    kill -0 "$SERVER_PID" 2>/dev/null || break
-    sleep 0.1
-  done
-  if [[ -z "$port" ]]; then
-    echo "browser-test: the server did not start; its log:" >&2
-    cat "$log" >&2
-    exit 1
-  fi
+  geodwell_start "$log" env "$@" GEODWELL_DURABILITY=none GEODWELL_FENCES_FILE="" GEODWELL_LOG=info \
+    "$BIN" serve --clock event --lateness 0s --listen 127.0.0.1:0 --data-dir "$DATA/$name"
+  local port=$PORT
   local shot="$OUT/map-$name.png"
   [[ "$name" == open ]] && shot="$OUT/map.png"
   echo "== [$name] server on 127.0.0.1:$port; running tests/browser/map.mjs"
   env "$@" GEODWELL_URL="http://127.0.0.1:$port" CHROMIUM="$CHROMIUM" SCREENSHOT="$shot" \
     node tests/browser/map.mjs
-  stop_server
+  geodwell_stop
 }
 
 # 1. The default: no API keys.

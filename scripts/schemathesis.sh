@@ -35,27 +35,17 @@ fi
 DATA=$(mktemp -d)
 KEY="schemathesis-$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')"
 LOG="$OUT/server.log"
-GEODWELL_API_KEYS="schemathesis:admin:$KEY" GEODWELL_FENCES_FILE="" GEODWELL_LOG=warn,geodwell=info \
-  "$BIN" serve --clock event --lateness 0s --listen 127.0.0.1:0 --data-dir "$DATA" >"$LOG" 2>&1 &
-PID=$!
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh
 cleanup() {
-  kill "$PID" 2>/dev/null || true
-  wait "$PID" 2>/dev/null || true
+  geodwell_stop
   rm -rf "$DATA"
 }
 trap cleanup EXIT
-PORT=""
-for _ in $(seq 1 100); do
-  PORT=$(sed -n 's/.*geodwell listening.*addr=127\.0\.0\.1:\([0-9][0-9]*\).*/\1/p' "$LOG" | head -n1)
-  [[ -n "$PORT" ]] && break
-  kill -0 "$PID" 2>/dev/null || break
-  sleep 0.1
-done
-if [[ -z "$PORT" ]]; then
-  echo "schemathesis.sh: the server did not start; its log:" >&2
-  cat "$LOG" >&2
-  exit 1
-fi
+geodwell_start "$LOG" env GEODWELL_API_KEYS="schemathesis:admin:$KEY" GEODWELL_FENCES_FILE="" \
+  GEODWELL_LOG=warn,geodwell=info \
+  "$BIN" serve --clock event --lateness 0s --listen 127.0.0.1:0 --data-dir "$DATA"
+
 echo "== schemathesis against 127.0.0.1:$PORT (max ${ST_MAX_TIME:-60}s)"
 SEED_ARGS=()
 [[ -n "${ST_SEED:-}" ]] && SEED_ARGS=(--seed "$ST_SEED")
@@ -70,7 +60,7 @@ st --no-color run "http://127.0.0.1:$PORT/openapi.json" \
   --report junit --report-dir "$OUT" 2>&1 | tee "$OUT/run.txt"
 rc=${PIPESTATUS[0]}
 set -e
-if ! kill -0 "$PID" 2>/dev/null; then
+if ! kill -0 "$SERVER_PID" 2>/dev/null; then
   echo "schemathesis.sh: the server died during the run; its log:" >&2
   tail -50 "$LOG" >&2
   exit 1

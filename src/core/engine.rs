@@ -389,7 +389,7 @@ impl Engine {
             for d in 0..self.devices.len() {
                 let mut touched = false;
                 let last = self.devices[d].last_applied();
-                let dev_id = self.devices[d].id.clone();
+                let dev_id = &self.devices[d].id;
                 for &p in &self.devices[d].pairs {
                     let pair = &mut self.pairs[p as usize];
                     if pair.fence == idx {
@@ -397,7 +397,7 @@ impl Engine {
                             &old.settings.dwell,
                             &fence.settings,
                             last,
-                            &mut |o| out.push(to_event(o, &dev_id, &fence)),
+                            &mut |o| out.push(to_event(o, dev_id, &fence)),
                         );
                         touched = true;
                     }
@@ -753,15 +753,15 @@ impl Engine {
 
     /// Processes internal events strictly before `bound` for every pair of device `d`.
     fn catch_up(&mut self, d: u32, bound: Ts, out: &mut Vec<Event>) {
-        let dev_id = self.devices[d as usize].id.clone();
         let last = self.devices[d as usize].last_applied();
         let mut i = 0;
         while i < self.devices[d as usize].pairs.len() {
-            let p = self.devices[d as usize].pairs[i];
+            let dev = &self.devices[d as usize];
+            let (p, dev_id) = (dev.pairs[i], &dev.id);
             let pair = &mut self.pairs[p as usize];
             let alive = match self.fences.get(pair.fence) {
                 Some(fence) => pair.catch_up(&fence.settings, bound, last, &mut |o| {
-                    out.push(to_event(o, &dev_id, fence))
+                    out.push(to_event(o, dev_id, fence))
                 }),
                 None => Alive::No,
             };
@@ -780,12 +780,12 @@ impl Engine {
         let dev = &mut self.devices[d as usize];
         dev.last_applied = b.ts.0;
         dev.last_position = [b.lat, b.lon];
-        let dev_id = dev.id.clone();
         let ignored = |f: &Fence| matches!((b.accuracy, f.settings.max_accuracy_m), (Some(a), Some(max)) if a > max);
 
         let mut i = 0;
         while i < self.devices[d as usize].pairs.len() {
-            let p = self.devices[d as usize].pairs[i];
+            let dev = &self.devices[d as usize];
+            let (p, dev_id) = (dev.pairs[i], &dev.id);
             let pair = &mut self.pairs[p as usize];
             let Some(fence) = self.fences.get(pair.fence) else {
                 self.free_pair(d, i);
@@ -797,7 +797,7 @@ impl Engine {
             }
             let class = classify(fence, pair.is_inside(), b.lon, b.lat);
             let alive = pair.on_fix(&fence.settings, b.ts, class, &mut |o| {
-                out.push(to_event(o, &dev_id, fence))
+                out.push(to_event(o, dev_id, fence))
             });
             if alive == Alive::No {
                 self.free_pair(d, i);
@@ -822,8 +822,9 @@ impl Engine {
             if ignored(fence) || !fence.contains(b.lon, b.lat) {
                 continue;
             }
+            let dev_id = &self.devices[d as usize].id;
             let pair = Pair::start(d, idx, &fence.settings, b.ts, &mut |o| {
-                out.push(to_event(o, &dev_id, fence))
+                out.push(to_event(o, dev_id, fence))
             });
             self.insert_pair(d, pair);
         }

@@ -30,7 +30,7 @@ use crate::state::AppState;
     params(("id" = String, Path, description = "Device id")),
     responses(
         (status = 200, description = "The device", body = crate::http::openapi::DeviceOut),
-        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), (status = 401, description = "No valid API key", body = crate::http::openapi::ErrorBody), (status = 403, description = "The key lacks the scope", body = crate::http::openapi::ErrorBody),
+        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), crate::http::openapi::Refused,
         (status = 404, description = "No such device", body = crate::http::openapi::ErrorBody),
         (status = 503, description = "Overloaded, store unavailable or shutting down (Retry-After)", body = crate::http::openapi::ErrorBody),
     ))]
@@ -121,7 +121,7 @@ fn parse_cursor(s: &str) -> Result<(usize, u32), ApiError> {
     ),
     responses(
         (status = 200, description = "A page of devices", body = crate::http::openapi::DevicePage),
-        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), (status = 401, description = "No valid API key", body = crate::http::openapi::ErrorBody), (status = 403, description = "The key lacks the scope", body = crate::http::openapi::ErrorBody), (status = 503, description = "Overloaded, store unavailable or shutting down (Retry-After)", body = crate::http::openapi::ErrorBody),
+        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), crate::http::openapi::Refused, (status = 503, description = "Overloaded, store unavailable or shutting down (Retry-After)", body = crate::http::openapi::ErrorBody),
     ))]
 pub async fn list_devices(
     State(st): State<Arc<AppState>>,

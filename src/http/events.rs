@@ -71,7 +71,7 @@ pub(crate) fn check_known(q: &HashMap<String, String>, known: &[&str]) -> Result
     ),
     responses(
         (status = 200, description = "A page of events", body = crate::http::openapi::EventsPage),
-        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), (status = 401, description = "No valid API key", body = crate::http::openapi::ErrorBody), (status = 403, description = "The key lacks the scope", body = crate::http::openapi::ErrorBody),
+        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), crate::http::openapi::Refused,
     ))]
 pub async fn poll(
     State(st): State<Arc<AppState>>,
@@ -171,7 +171,7 @@ impl Filter {
     ),
     responses(
         (status = 101, description = "Switching to WebSocket"),
-        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), (status = 401, description = "No valid API key", body = crate::http::openapi::ErrorBody), (status = 403, description = "The key lacks the scope", body = crate::http::openapi::ErrorBody),
+        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), crate::http::openapi::Refused,
     ))]
 pub async fn subscribe(
     State(st): State<Arc<AppState>>,

@@ -120,7 +120,7 @@ pub async fn install(st: &AppState, fences: Vec<Fence>) -> Result<usize, ApiErro
     responses(
         (status = 200, description = "Replaced; the normalized fence", body = crate::http::openapi::FenceFeature),
         (status = 201, description = "Created; the normalized fence", body = crate::http::openapi::FenceFeature),
-        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), (status = 401, description = "No valid API key", body = crate::http::openapi::ErrorBody), (status = 403, description = "The key lacks the scope", body = crate::http::openapi::ErrorBody),
+        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), crate::http::openapi::Refused,
         (status = 413, description = "Body too large", body = crate::http::openapi::ErrorBody),
         (status = 422, description = "Not a valid fence", body = crate::http::openapi::ErrorBody),
         (status = 503, description = "Overloaded, store unavailable or shutting down (Retry-After)", body = crate::http::openapi::ErrorBody),
@@ -160,7 +160,7 @@ pub async fn put_fence(
     request_body(content((crate::http::openapi::FenceBody = "application/json"))),
     responses(
         (status = 201, description = "Written", body = crate::http::openapi::FencesWritten),
-        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), (status = 401, description = "No valid API key", body = crate::http::openapi::ErrorBody), (status = 403, description = "The key lacks the scope", body = crate::http::openapi::ErrorBody),
+        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), crate::http::openapi::Refused,
         (status = 413, description = "Body too large", body = crate::http::openapi::ErrorBody),
         (status = 422, description = "Not valid fences, or too many", body = crate::http::openapi::ErrorBody),
         (status = 503, description = "Overloaded, store unavailable or shutting down (Retry-After)", body = crate::http::openapi::ErrorBody),
@@ -195,7 +195,7 @@ pub async fn post_fences(
     params(("id" = String, Path, description = "Fence id")),
     responses(
         (status = 200, description = "The fence", body = crate::http::openapi::FenceFeature),
-        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), (status = 401, description = "No valid API key", body = crate::http::openapi::ErrorBody), (status = 403, description = "The key lacks the scope", body = crate::http::openapi::ErrorBody),
+        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), crate::http::openapi::Refused,
         (status = 404, description = "No such fence", body = crate::http::openapi::ErrorBody),
     ))]
 pub async fn get_fence(
@@ -220,7 +220,7 @@ pub async fn get_fence(
     description = "Every fence, sorted by id. Scope: read.",
     responses(
         (status = 200, description = "The fences", body = crate::http::openapi::FenceCollection),
-        (status = 401, description = "No valid API key", body = crate::http::openapi::ErrorBody), (status = 403, description = "The key lacks the scope", body = crate::http::openapi::ErrorBody),
+        crate::http::openapi::Refused,
     ))]
 pub async fn list_fences(State(st): State<Arc<AppState>>) -> Response {
     let features: Vec<geojson::Feature> = st
@@ -244,7 +244,7 @@ pub async fn list_fences(State(st): State<Arc<AppState>>) -> Response {
     params(("id" = String, Path, description = "Fence id")),
     responses(
         (status = 204, description = "Deleted"),
-        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), (status = 401, description = "No valid API key", body = crate::http::openapi::ErrorBody), (status = 403, description = "The key lacks the scope", body = crate::http::openapi::ErrorBody),
+        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), crate::http::openapi::Refused,
         (status = 404, description = "No such fence", body = crate::http::openapi::ErrorBody),
         (status = 503, description = "Overloaded, store unavailable or shutting down (Retry-After)", body = crate::http::openapi::ErrorBody),
     ))]

@@ -100,7 +100,7 @@ pub fn check_batch(n: usize, max: usize) -> Result<(), ApiError> {
     )),
     responses(
         (status = 200, description = "Counts of accepted, late, duplicate and rejected fixes", body = crate::ingest::IngestReport),
-        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), (status = 401, description = "No valid API key", body = crate::http::openapi::ErrorBody), (status = 403, description = "The key lacks the scope", body = crate::http::openapi::ErrorBody),
+        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), crate::http::openapi::Refused,
         (status = 413, description = "Body or batch too large", body = crate::http::openapi::ErrorBody),
         (status = 422, description = "Every item was rejected", body = crate::http::openapi::ErrorBody),
         (status = 503, description = "Overloaded, store unavailable or shutting down (Retry-After)", body = crate::http::openapi::ErrorBody),

@@ -25,7 +25,7 @@ use crate::state::AppState;
     description = "WebSocket ingest: fixes as JSON text frames (one fix or an array per frame); each frame is answered with its report. Scope: ingest.",
     responses(
         (status = 101, description = "Switching to WebSocket"),
-        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), (status = 401, description = "No valid API key", body = crate::http::openapi::ErrorBody), (status = 403, description = "The key lacks the scope", body = crate::http::openapi::ErrorBody),
+        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), crate::http::openapi::Refused,
     ))]
 pub async fn ingest_ws(
     State(st): State<Arc<AppState>>,

@@ -69,6 +69,19 @@ pub struct ErrorDetail {
     pub details: Option<Value>,
 }
 
+/// The answers of the authentication layer, which every operation but the open ones can give
+/// (`http::auth`); listed once here and named in each operation's `responses`.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub enum Refused {
+    /// 401.
+    #[response(status = 401, description = "No valid API key")]
+    Unauthorized(ErrorBody),
+    /// 403.
+    #[response(status = 403, description = "The key lacks the scope")]
+    Forbidden(ErrorBody),
+}
+
 /// One location fix.
 #[derive(ToSchema, serde::Serialize)]
 #[allow(dead_code)]

@@ -16,7 +16,7 @@ use crate::telemetry as t;
     description = "Prometheus text format. Open unless `auth.open_metrics = false` (then scope read).",
     responses(
         (status = 200, description = "Metrics", body = String, content_type = "text/plain"),
-        (status = 401, description = "No valid API key", body = crate::http::openapi::ErrorBody), (status = 403, description = "The key lacks the scope", body = crate::http::openapi::ErrorBody),
+        crate::http::openapi::Refused,
     ))]
 pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     metrics::gauge!(t::EVENT_LOG_EVENTS).set(st.log.len() as f64);

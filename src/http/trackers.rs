@@ -401,7 +401,7 @@ fn is_json_body(headers: &HeaderMap, body: &[u8]) -> bool {
     ),
     responses(
         (status = 200, description = "Taken (accepted, late or duplicate)", body = crate::ingest::IngestReport),
-        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), (status = 401, description = "No valid API key", body = crate::http::openapi::ErrorBody), (status = 403, description = "The key lacks the scope", body = crate::http::openapi::ErrorBody),
+        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), crate::http::openapi::Refused,
         (status = 413, description = "Body too large", body = crate::http::openapi::ErrorBody),
         (status = 503, description = "Overloaded or shutting down (Retry-After)", body = crate::http::openapi::ErrorBody),
     ))]
@@ -594,7 +594,7 @@ fn owntracks_ok() -> Response {
     request_body(content((crate::http::openapi::OwnTracksMessage = "application/json"))),
     responses(
         (status = 200, description = "Taken or ignored: an empty array of messages for the app", body = Vec<serde_json::Value>),
-        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), (status = 401, description = "No valid API key", body = crate::http::openapi::ErrorBody), (status = 403, description = "The key lacks the scope", body = crate::http::openapi::ErrorBody),
+        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), crate::http::openapi::Refused,
         (status = 413, description = "Body too large", body = crate::http::openapi::ErrorBody),
         (status = 503, description = "Overloaded or shutting down (Retry-After)", body = crate::http::openapi::ErrorBody),
     ))]

@@ -64,7 +64,7 @@ pub fn sink_json(info: &SinkInfo) -> Value {
 /// `GET /v1/webhooks`.
 #[utoipa::path(get, path = "/v1/webhooks", tag = "webhooks",
     description = "Every sink with its delivery status. Scope: admin.",
-    responses((status = 200, description = "The sinks", body = crate::http::openapi::WebhookList), (status = 401, description = "No valid API key", body = crate::http::openapi::ErrorBody), (status = 403, description = "The key lacks the scope", body = crate::http::openapi::ErrorBody)))]
+    responses((status = 200, description = "The sinks", body = crate::http::openapi::WebhookList), crate::http::openapi::Refused))]
 pub async fn list_webhooks(State(st): State<Arc<AppState>>) -> Response {
     let sinks: Vec<Value> = st.webhooks.list().iter().map(sink_json).collect();
     Json(json!({ "webhooks": sinks })).into_response()
@@ -77,7 +77,7 @@ pub async fn list_webhooks(State(st): State<Arc<AppState>>) -> Response {
     request_body(content((crate::http::openapi::WebhookIn = "application/json"))),
     responses(
         (status = 201, description = "Created", body = crate::http::openapi::WebhookOut),
-        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), (status = 401, description = "No valid API key", body = crate::http::openapi::ErrorBody), (status = 403, description = "The key lacks the scope", body = crate::http::openapi::ErrorBody),
+        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), crate::http::openapi::Refused,
         (status = 409, description = "A sink with this id exists", body = crate::http::openapi::ErrorBody),
         (status = 413, description = "Body too large", body = crate::http::openapi::ErrorBody),
         (status = 422, description = "Invalid definition (every bad field listed) or too many sinks", body = crate::http::openapi::ErrorBody),
@@ -121,7 +121,7 @@ fn invalid(errs: Vec<(String, String)>) -> ApiError {
 /// `GET /v1/webhooks/{id}`.
 #[utoipa::path(get, path = "/v1/webhooks/{id}", tag = "webhooks",
     description = "One sink. Scope: admin.", params(("id" = String, Path, description = "Sink id")),
-    responses((status = 200, description = "The sink", body = crate::http::openapi::WebhookOut), (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), (status = 401, description = "No valid API key", body = crate::http::openapi::ErrorBody), (status = 403, description = "The key lacks the scope", body = crate::http::openapi::ErrorBody), (status = 404, description = "No such sink", body = crate::http::openapi::ErrorBody)))]
+    responses((status = 200, description = "The sink", body = crate::http::openapi::WebhookOut), (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), crate::http::openapi::Refused, (status = 404, description = "No such sink", body = crate::http::openapi::ErrorBody)))]
 pub async fn get_webhook(
     State(st): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
@@ -138,7 +138,7 @@ pub async fn get_webhook(
 #[utoipa::path(delete, path = "/v1/webhooks/{id}", tag = "webhooks",
     description = "Deletes an API-created sink (config sinks: 409). Scope: admin.", params(("id" = String, Path, description = "Sink id")),
     responses(
-        (status = 204, description = "Deleted"), (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), (status = 401, description = "No valid API key", body = crate::http::openapi::ErrorBody), (status = 403, description = "The key lacks the scope", body = crate::http::openapi::ErrorBody), (status = 404, description = "No such sink", body = crate::http::openapi::ErrorBody),
+        (status = 204, description = "Deleted"), (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), crate::http::openapi::Refused, (status = 404, description = "No such sink", body = crate::http::openapi::ErrorBody),
         (status = 409, description = "The sink comes from the config file", body = crate::http::openapi::ErrorBody),
         (status = 503, description = "Store unavailable or shutting down (Retry-After)", body = crate::http::openapi::ErrorBody),
     ))]
@@ -156,7 +156,7 @@ pub async fn delete_webhook(
 #[utoipa::path(get, path = "/v1/webhooks/{id}/dead-letters", tag = "webhooks",
     description = "Events given up after max_attempts, oldest first. Scope: admin.",
     params(("id" = String, Path, description = "Sink id"), ("limit" = Option<u64>, Query, minimum = 1, description = "Most shown (default and largest: max_poll_limit)")),
-    responses((status = 200, description = "Dead letters", body = crate::http::openapi::DeadLetters), (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), (status = 401, description = "No valid API key", body = crate::http::openapi::ErrorBody), (status = 403, description = "The key lacks the scope", body = crate::http::openapi::ErrorBody), (status = 404, description = "No such sink", body = crate::http::openapi::ErrorBody)))]
+    responses((status = 200, description = "Dead letters", body = crate::http::openapi::DeadLetters), (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), crate::http::openapi::Refused, (status = 404, description = "No such sink", body = crate::http::openapi::ErrorBody)))]
 pub async fn list_dead_letters(
     State(st): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
@@ -193,7 +193,7 @@ pub async fn list_dead_letters(
 /// leave the list, failed ones stay with their attempts added up).
 #[utoipa::path(post, path = "/v1/webhooks/{id}/dead-letters/retry", tag = "webhooks",
     description = "Sends every dead letter again, ahead of new events. Scope: admin.", params(("id" = String, Path, description = "Sink id")),
-    responses((status = 202, description = "Queued", body = crate::http::openapi::RetryQueued), (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), (status = 401, description = "No valid API key", body = crate::http::openapi::ErrorBody), (status = 403, description = "The key lacks the scope", body = crate::http::openapi::ErrorBody), (status = 404, description = "No such sink", body = crate::http::openapi::ErrorBody), (status = 503, description = "Store unavailable or shutting down (Retry-After)", body = crate::http::openapi::ErrorBody)))]
+    responses((status = 202, description = "Queued", body = crate::http::openapi::RetryQueued), (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), crate::http::openapi::Refused, (status = 404, description = "No such sink", body = crate::http::openapi::ErrorBody), (status = 503, description = "Store unavailable or shutting down (Retry-After)", body = crate::http::openapi::ErrorBody)))]
 pub async fn retry_dead_letters(
     State(st): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
@@ -210,7 +210,7 @@ pub async fn retry_dead_letters(
 /// `DELETE /v1/webhooks/{id}/dead-letters`: drops every dead letter.
 #[utoipa::path(delete, path = "/v1/webhooks/{id}/dead-letters", tag = "webhooks",
     description = "Drops every dead letter. Scope: admin.", params(("id" = String, Path, description = "Sink id")),
-    responses((status = 200, description = "Dropped", body = crate::http::openapi::Cleared), (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), (status = 401, description = "No valid API key", body = crate::http::openapi::ErrorBody), (status = 403, description = "The key lacks the scope", body = crate::http::openapi::ErrorBody), (status = 404, description = "No such sink", body = crate::http::openapi::ErrorBody), (status = 503, description = "Store unavailable or shutting down (Retry-After)", body = crate::http::openapi::ErrorBody)))]
+    responses((status = 200, description = "Dropped", body = crate::http::openapi::Cleared), (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), crate::http::openapi::Refused, (status = 404, description = "No such sink", body = crate::http::openapi::ErrorBody), (status = 503, description = "Store unavailable or shutting down (Retry-After)", body = crate::http::openapi::ErrorBody)))]
 pub async fn clear_dead_letters(
     State(st): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
