@@ -391,7 +391,7 @@ fn is_json_body(headers: &HeaderMap, body: &[u8]) -> bool {
 #[utoipa::path(method(get, post), path = "/v1/trackers/osmand", tag = "ingest",
     description = "OsmAnd / Traccar Client protocol: parameters in the query (and, for POST, a form body), or Traccar Client 9+ JSON. `timestamp` is Unix seconds or ms, or a date-time; `speed` is knots. Trackers that cannot send headers pass the key as `access_token`. Scope: ingest. See docs/trackers.md.",
     params(
-        ("id" = String, Query, min_length = 1, pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$", description = "Device id (`deviceid` is also read)"),
+        ("id" = String, Query, pattern = r"^[^\u0000-\u001F\u007F-\u009F]*[^\u0000-\u0020\u007F-\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000][^\u0000-\u001F\u007F-\u009F]*$", description = "Device id (`deviceid` is also read); a value of only white space counts as absent"),
         ("lat" = f64, Query, minimum = -90.0, maximum = 90.0, description = "Latitude (or `location=lat,lon`)"),
         ("lon" = f64, Query, minimum = -180.0, maximum = 180.0, description = "Longitude"),
         ("timestamp" = String, Query, pattern = r"^([0-9]{10}|[0-9]{13})$", description = "Fix time: Unix seconds or milliseconds (a date-time is also read). Optional in live mode (arrival time is used)"),
