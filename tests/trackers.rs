@@ -369,6 +369,12 @@ async fn owntracks_messages_other_than_locations_are_acknowledged_and_ignored() 
     }
     // The app POSTs a zero-length payload when a friend is deleted (booklet, HTTP mode).
     assert_eq!(owntracks_post(&srv, "", &who, "").await, (200, json!([])));
+    // White space is not that message, and not JSON.
+    assert_error(
+        &owntracks_post(&srv, "", &who, "\t").await,
+        400,
+        "malformed_json",
+    );
     // None of it became a fix: no such device, no event, no watermark.
     assert_eq!(device(&srv, "ghost/phone").await.0, 404);
     let (_, ready) = srv.get("/readyz").await;
