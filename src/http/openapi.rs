@@ -445,7 +445,8 @@ pub fn tune(doc: &utoipa::openapi::OpenApi, cfg: &Config) -> Value {
             }
         }
     }
-    // OsmAnd: an empty optional number (`speed=`) means "unknown", as Traccar reads it.
+    // OsmAnd: an empty optional number (`speed=`, or only white space as Rust's `trim` sees
+    // it) means "unknown", as Traccar reads it.
     for method in ["get", "post"] {
         if let Some(params) = operation(&mut d, "/v1/trackers/osmand", method)
             .and_then(|o| o.get_mut("parameters"))
@@ -456,7 +457,8 @@ pub fn tune(doc: &utoipa::openapi::OpenApi, cfg: &Config) -> Value {
                 .filter(|p| matches!(p["name"].as_str(), Some("accuracy" | "speed" | "bearing")))
             {
                 let number = p["schema"].take();
-                p["schema"] = json!({"anyOf": [number, {"type": "string", "maxLength": 0}]});
+                let blank = "^[\\t\\n\\u000B\\f\\r \\u0085\\u00A0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000]*$";
+                p["schema"] = json!({"anyOf": [number, {"type": "string", "pattern": blank}]});
             }
         }
     }
