@@ -435,6 +435,14 @@ impl Pending {
                             message: e.to_string(),
                         });
                     }
+                    Err(e @ IngestError::TooManyDevices { .. }) => {
+                        counter!(t::FIXES_REJECTED, "reason" => "too_many_devices").increment(1);
+                        report.errors.push(ItemError {
+                            index,
+                            code: "too_many_devices",
+                            message: e.to_string(),
+                        });
+                    }
                 }
             }
         }

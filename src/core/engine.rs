@@ -23,13 +23,10 @@
 //!   engine never acts before the exact time. Rescheduling bumps the record's generation; the old
 //!   entry becomes a tombstone the wheel drops when it meets it.
 
-use compact_str::CompactString;
 use smallvec::SmallVec;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::hash::BuildHasher;
 use std::sync::Arc;
-use thin_vec::ThinVec;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -40,6 +37,10 @@ use crate::core::fix::Fix;
 use crate::core::pairs::{Alive, FixClass, Pair, PairOutput, PairState, PairView};
 use crate::core::time::{Dur, Tick, TickClock, Ts};
 use crate::core::wheel::{Fired, TimerKey, Wheel, WheelStats};
+
+mod records;
+
+use records::{Device, DeviceIds, IdArena, NO_PAIR, NO_TICK, NO_TS, Reorder, Reorders};
 
 /// Marks a wheel slot as a device's reorder-flush timer rather than a pair's timer.
 const DEVICE_BIT: u32 = 1 << 31;
@@ -83,6 +84,13 @@ pub enum Ingested {
 /// Why the engine refused a fix.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum IngestError {
+    /// The shard cannot take another device: its 2^31 device slots or its 4 GiB of device ids
+    /// are used up.
+    #[error("this shard holds as many devices as it can; device {device:?} is refused")]
+    TooManyDevices {
+        /// The device.
+        device: Arc<str>,
+    },
     /// The device already holds the maximum number of fixes waiting for the watermark.
     #[error(
         "device {device:?} has {max} fixes waiting for the watermark; slow down or lower lateness"
@@ -181,6 +189,9 @@ pub enum RestoreError {
     /// Restore must start from an engine that holds no device yet.
     #[error("restore needs an engine without devices; this one has {0}")]
     NotEmpty(usize),
+    /// The stored devices do not fit one shard (2^31 slots, 4 GiB of ids).
+    #[error("the stored devices do not fit one shard; {0} were restored")]
+    TooManyDevices(usize),
 }
 
 /// A fix waiting in a reorder buffer (the device is implied).
@@ -201,99 +212,6 @@ impl Buffered {
     }
 }
 
-/// A device record. There is one per device ever seen, so its size is most of the memory a
-/// parked device costs: ids up to 24 bytes are stored inline (no heap block), the reorder buffer
-/// is one pointer while empty (`ThinVec`), and absent times and positions are sentinels instead
-/// of `Option`s (which would double those fields). 96 bytes, down from 136 plus a 32-byte id block.
-#[derive(Debug)]
-struct Device {
-    id: CompactString,
-    /// Latest applied fix, Unix ms; `NO_TS` before the first.
-    last_applied: i64,
-    /// Latest applied (lat, lon); meaningful only once a fix was applied (NaN before).
-    last_position: [f64; 2],
-    /// Sorted by (ts, lat, lon), distinct ts.
-    buffer: ThinVec<Buffered>,
-    /// Slots of this device's pair records; inline up to four (most devices are in at most a
-    /// few fences), which saves a heap block per device.
-    pairs: SmallVec<[u32; 4]>,
-    /// The tick of the outstanding reorder-flush timer; `NO_TICK` when none.
-    flush_due: u64,
-    flush_gen: u32,
-    /// Listed in `Engine::dirty` since the last [`Engine::take_dirty`].
-    dirty: bool,
-}
-
-const NO_TS: i64 = i64::MIN;
-const NO_TICK: u64 = u64::MAX;
-
-impl Device {
-    fn new(id: &str) -> Device {
-        Device {
-            id: CompactString::new(id),
-            last_applied: NO_TS,
-            last_position: [f64::NAN; 2],
-            buffer: ThinVec::new(),
-            pairs: SmallVec::new(),
-            flush_due: NO_TICK,
-            flush_gen: 0,
-            dirty: false,
-        }
-    }
-
-    fn last_applied(&self) -> Option<Ts> {
-        (self.last_applied != NO_TS).then_some(Ts(self.last_applied))
-    }
-
-    fn last_position(&self) -> Option<(f64, f64)> {
-        let [lat, lon] = self.last_position;
-        (!lat.is_nan()).then_some((lat, lon))
-    }
-
-    fn flush_due(&self) -> Option<u64> {
-        (self.flush_due != NO_TICK).then_some(self.flush_due)
-    }
-
-    /// The id as events carry it (one allocation per event; events are rare next to fixes).
-    fn id_arc(&self) -> Arc<str> {
-        Arc::from(self.id.as_str())
-    }
-}
-
-/// Device id -> device slot. The table holds slots only (4 bytes a bucket) and hashes the id
-/// kept in the device record on lookup; a `HashMap<Arc<str>, u32>` spent 24 bytes a bucket, about
-/// 50 bytes a device at its load factor. foldhash: SipHash was 3 % of ingest time, and foldhash
-/// is randomly seeded too.
-#[derive(Debug, Default)]
-struct DeviceIds {
-    table: hashbrown::HashTable<u32>,
-    hasher: foldhash::fast::RandomState,
-}
-
-impl DeviceIds {
-    fn get(&self, devices: &[Device], id: &str) -> Option<u32> {
-        let h = self.hasher.hash_one(id);
-        self.table
-            .find(h, |&d| &*devices[d as usize].id == id)
-            .copied()
-    }
-
-    /// Adds slot `d`, whose id must not be in the table yet.
-    fn insert(&mut self, devices: &[Device], d: u32) {
-        let hasher = &self.hasher;
-        let h = hasher.hash_one(&*devices[d as usize].id);
-        debug_assert!(self.get(devices, &devices[d as usize].id).is_none());
-        self.table
-            .insert_unique(h, d, |&x| hasher.hash_one(&*devices[x as usize].id));
-    }
-
-    fn reserve(&mut self, devices: &[Device], additional: usize) {
-        let hasher = &self.hasher;
-        self.table
-            .reserve(additional, |&x| hasher.hash_one(&*devices[x as usize].id));
-    }
-}
-
 /// One shard's engine.
 #[derive(Debug)]
 pub struct Engine {
@@ -301,7 +219,11 @@ pub struct Engine {
     clock: TickClock,
     fences: FenceIndex,
     devices: Vec<Device>,
+    /// Every device's id, addressed by `Device::id`.
+    ids: IdArena,
     device_ids: DeviceIds,
+    /// The reorder buffers of the devices that have fixes waiting, by device slot.
+    reorders: Reorders,
     pairs: Vec<Pair>,
     /// Freed pair slots; their records keep their generation so old wheel entries stay dead.
     free_pairs: Vec<u32>,
@@ -313,6 +235,12 @@ pub struct Engine {
     due_devices: Vec<u32>,
     /// Devices whose durable state changed since the last [`Engine::take_dirty`].
     dirty: Vec<u32>,
+    /// A bit per device slot: listed in `dirty`.
+    dirty_bits: Vec<u64>,
+    /// The generation the next [`Reorder`] starts its flush timer at.
+    flush_gens: u32,
+    /// Fence candidates of the fix being applied (kept to reuse its allocation).
+    candidates: Vec<FenceIdx>,
     /// Devices with work ready at an exact time inside the current tick: (ready time, device).
     /// Entries may be stale (the device was processed since); processing is idempotent.
     soon: BinaryHeap<Reverse<(Ts, u32)>>,
@@ -327,7 +255,9 @@ impl Engine {
             cfg,
             fences: FenceIndex::new(),
             devices: Vec::new(),
+            ids: IdArena::default(),
             device_ids: DeviceIds::default(),
+            reorders: Reorders::default(),
             pairs: Vec::new(),
             free_pairs: Vec::new(),
             live_pairs: 0,
@@ -338,6 +268,9 @@ impl Engine {
             due_devices: Vec::new(),
             soon: BinaryHeap::new(),
             dirty: Vec::new(),
+            dirty_bits: Vec::new(),
+            flush_gens: 0,
+            candidates: Vec::new(),
             seq: 0,
         }
     }
@@ -389,8 +322,8 @@ impl Engine {
             for d in 0..self.devices.len() {
                 let mut touched = false;
                 let last = self.devices[d].last_applied();
-                let dev_id = &self.devices[d].id;
-                for &p in &self.devices[d].pairs {
+                let dev_id = self.ids.get(self.devices[d].id);
+                for p in pair_slots(&self.devices, &self.pairs, d as u32) {
                     let pair = &mut self.pairs[p as usize];
                     if pair.fence == idx {
                         pair.remap_thresholds(
@@ -403,7 +336,7 @@ impl Engine {
                     }
                 }
                 if touched {
-                    self.process_device(d as u32, out);
+                    self.process_device(d as u32, None, out);
                 }
             }
         }
@@ -415,15 +348,11 @@ impl Engine {
         let Some((idx, _)) = self.fences.remove(id) else {
             return false;
         };
-        for d in 0..self.devices.len() {
-            let mut i = 0;
-            while i < self.devices[d].pairs.len() {
-                let p = self.devices[d].pairs[i];
+        for d in 0..self.devices.len() as u32 {
+            for p in pair_slots(&self.devices, &self.pairs, d) {
                 if self.pairs[p as usize].fence == idx {
-                    self.free_pair(d as u32, i);
-                    self.mark_dirty(d as u32);
-                } else {
-                    i += 1;
+                    self.free_pair(d, p);
+                    self.mark_dirty(d);
                 }
             }
         }
@@ -443,8 +372,12 @@ impl Engine {
         if fix.ts < w {
             return Ok(Ingested::Late);
         }
-        let d = self.device_slot(&fix.device);
-        let dev = &mut self.devices[d as usize];
+        let Some(d) = self.device_slot(&fix.device) else {
+            return Err(IngestError::TooManyDevices {
+                device: fix.device.clone(),
+            });
+        };
+        let dev = &self.devices[d as usize];
         if let Some(last) = dev.last_applied() {
             if fix.ts < last {
                 return Ok(Ingested::Late);
@@ -453,14 +386,29 @@ impl Engine {
                 return Ok(Ingested::Duplicate);
             }
         }
-        let pos = dev.buffer.partition_point(|b| b.ts < fix.ts);
         let new = Buffered {
             ts: fix.ts,
             lat: fix.lat,
             lon: fix.lon,
             accuracy: fix.accuracy,
         };
-        if let Some(existing) = dev.buffer.get_mut(pos)
+        if fix.ts <= w && !self.reorders.contains_key(&d) {
+            // Nothing waits and the fix is not ahead of W: apply it without buffering it.
+            self.process_device(d, Some(new), out);
+            return Ok(Ingested::Accepted);
+        }
+        let reorder = self.reorders.entry(d).or_insert_with(|| {
+            self.flush_gens = self.flush_gens.wrapping_add(1);
+            Reorder {
+                // Most devices hold at most one fix at a time; Vec's first growth would take four.
+                fixes: Vec::with_capacity(1),
+                flush_due: NO_TICK,
+                flush_gen: self.flush_gens,
+            }
+        });
+        let buffer = &mut reorder.fixes;
+        let pos = buffer.partition_point(|b| b.ts < fix.ts);
+        if let Some(existing) = buffer.get_mut(pos)
             && existing.ts == fix.ts
         {
             // Of fixes sharing a ts, the first in (lat, lon) order is kept, whatever arrived first.
@@ -471,21 +419,17 @@ impl Engine {
             }
             return Ok(Ingested::Duplicate);
         }
-        if dev.buffer.len() >= self.cfg.max_buffered_per_device {
+        if buffer.len() >= self.cfg.max_buffered_per_device {
             return Err(IngestError::BufferFull {
-                device: dev.id_arc(),
+                device: fix.device.clone(),
                 max: self.cfg.max_buffered_per_device,
             });
         }
-        if dev.buffer.capacity() == 0 {
-            // Most devices hold at most one fix at a time; Vec's first growth would take four.
-            dev.buffer.reserve_exact(1);
-        }
-        dev.buffer.insert(pos, new);
+        buffer.insert(pos, new);
         self.buffered += 1;
         self.mark_dirty(d);
         if fix.ts <= w {
-            self.process_device(d, out);
+            self.process_device(d, None, out);
         } else {
             self.resched_device(d);
         }
@@ -499,11 +443,11 @@ impl Engine {
         self.watermark = Some(w);
         let to = self.clock.completed_tick(w);
         self.fired.clear();
-        let (pairs, devices) = (&self.pairs, &self.devices);
+        let (pairs, reorders) = (&self.pairs, &self.reorders);
         let fired = self.wheel.advance(
             to,
             self.cfg.max_fires_per_advance,
-            |k| entry_live(k, pairs, devices),
+            |k| entry_live(k, pairs, reorders),
             &mut self.fired,
         );
         // First mark every fired entry consumed, so that rescheduling while processing never
@@ -515,18 +459,22 @@ impl Engine {
             let key = self.fired[i].key;
             let (d, ready) = if key.slot & DEVICE_BIT != 0 {
                 let d = key.slot & !DEVICE_BIT;
-                let dev = &mut self.devices[d as usize];
-                dev.flush_due = NO_TICK;
-                (d, dev.buffer.first().map(|b| b.ts))
+                (
+                    d,
+                    self.reorders.get_mut(&d).and_then(|r| {
+                        r.flush_due = NO_TICK;
+                        r.fixes.first().map(|b| b.ts)
+                    }),
+                )
             } else {
                 let p = &mut self.pairs[key.slot as usize];
-                p.timer_due = Pair::NO_TIMER;
+                p.set_timer(None, 0);
                 let ready = self
                     .fences
                     .get(p.fence)
                     .and_then(|f| p.next_internal(&f.settings))
                     .map(|t| t.plus(Dur(1)));
-                (p.device, ready)
+                (pair_device(&self.pairs, key.slot), ready)
             };
             match ready {
                 Some(r) if r > w => self.soon.push(Reverse((r, d))),
@@ -544,7 +492,7 @@ impl Engine {
         self.due_devices.dedup();
         let due = std::mem::take(&mut self.due_devices);
         for &d in &due {
-            self.process_device(d, out);
+            self.process_device(d, None, out);
         }
         self.due_devices = due;
         Advanced {
@@ -563,18 +511,19 @@ impl Engine {
     fn export_device(&self, d: u32) -> DeviceState {
         let dev = &self.devices[d as usize];
         DeviceState {
-            id: dev.id.to_string(),
+            id: self.ids.get(dev.id).to_string(),
             last_applied: dev.last_applied().map(|t| t.0),
             last_position: dev.last_position(),
-            buffer: dev
-                .buffer
+            buffer: self
+                .reorders
+                .get(&d)
+                .map_or(&[][..], |r| &r.fixes)
                 .iter()
                 .map(|b| (b.ts.0, b.lat, b.lon, b.accuracy))
                 .collect(),
-            pairs: dev
-                .pairs
-                .iter()
-                .filter_map(|&p| {
+            pairs: pair_slots(&self.devices, &self.pairs, d)
+                .into_iter()
+                .filter_map(|p| {
                     let pair = &self.pairs[p as usize];
                     let fence = self.fences.get(pair.fence)?;
                     Some((fence.id.to_string(), pair.state()))
@@ -601,16 +550,18 @@ impl Engine {
         }
         let mut r = Restored::default();
         self.devices.reserve(devices.len());
-        self.device_ids.reserve(&self.devices, devices.len());
+        self.device_ids
+            .reserve(&self.devices, &self.ids, devices.len());
         for st in devices {
-            let id: Arc<str> = Arc::from(st.id.as_str());
-            let d = self.device_slot(&id);
+            let Some(d) = self.device_slot(&st.id) else {
+                return Err(RestoreError::TooManyDevices(self.devices.len()));
+            };
             let dev = &mut self.devices[d as usize];
             dev.last_applied = st.last_applied.unwrap_or(NO_TS);
             dev.last_position = st
                 .last_position
                 .map_or([f64::NAN; 2], |(lat, lon)| [lat, lon]);
-            dev.buffer = st
+            let mut fixes: Vec<Buffered> = st
                 .buffer
                 .iter()
                 .map(|&(ts, lat, lon, accuracy)| Buffered {
@@ -620,9 +571,20 @@ impl Engine {
                     accuracy,
                 })
                 .collect();
-            dev.buffer.sort_by(|a, b| a.key_cmp(b.ts, b.lat, b.lon));
-            self.buffered += dev.buffer.len() as u64;
-            r.buffered += dev.buffer.len() as u64;
+            fixes.sort_by(|a, b| a.key_cmp(b.ts, b.lat, b.lon));
+            self.buffered += fixes.len() as u64;
+            r.buffered += fixes.len() as u64;
+            if !fixes.is_empty() {
+                self.flush_gens = self.flush_gens.wrapping_add(1);
+                self.reorders.insert(
+                    d,
+                    Reorder {
+                        fixes,
+                        flush_due: NO_TICK,
+                        flush_gen: self.flush_gens,
+                    },
+                );
+            }
             for (fence_id, ps) in &st.pairs {
                 let Some(idx) = self.fences.idx_of(fence_id) else {
                     r.dropped_pairs += 1;
@@ -632,13 +594,12 @@ impl Engine {
                     r.dropped_pairs += 1;
                     continue;
                 };
-                let pair = Pair::from_state(d, idx, ps, &fence.settings);
+                let pair = Pair::from_state(idx, ps, &fence.settings);
                 self.insert_pair(d, pair);
                 r.pairs += 1;
             }
-            for i in 0..self.devices[d as usize].pairs.len() {
-                let p = self.devices[d as usize].pairs[i];
-                self.resched_pair(p);
+            for p in pair_slots(&self.devices, &self.pairs, d) {
+                self.resched_pair(d, p);
             }
             self.resched_device(d);
             r.devices += 1;
@@ -650,18 +611,17 @@ impl Engine {
     /// driver calls it between ticks so that ticks only meet live entries (the same total work,
     /// without the pause). Changes nothing observable.
     pub fn sweep(&mut self, budget: usize) -> usize {
-        let (pairs, devices) = (&self.pairs, &self.devices);
-        self.wheel.sweep(budget, |k| entry_live(k, pairs, devices))
+        let (pairs, reorders) = (&self.pairs, &self.reorders);
+        self.wheel.sweep(budget, |k| entry_live(k, pairs, reorders))
     }
 
     /// A device's state.
     pub fn device(&self, id: &str) -> Option<DeviceView> {
-        let d = self.device_ids.get(&self.devices, id)?;
+        let d = self.device_ids.get(&self.devices, &self.ids, id)?;
         let dev = &self.devices[d as usize];
-        let mut pairs: Vec<(Arc<str>, PairView)> = dev
-            .pairs
-            .iter()
-            .filter_map(|&p| {
+        let mut pairs: Vec<(Arc<str>, PairView)> = pair_slots(&self.devices, &self.pairs, d)
+            .into_iter()
+            .filter_map(|p| {
                 let pair = &self.pairs[p as usize];
                 let fence = self.fences.get(pair.fence)?;
                 Some((fence.id.clone(), pair.view(&fence.settings)))
@@ -669,10 +629,10 @@ impl Engine {
             .collect();
         pairs.sort_by(|a, b| a.0.cmp(&b.0));
         Some(DeviceView {
-            id: dev.id_arc(),
+            id: Arc::from(self.ids.get(dev.id)),
             last_fix_at: dev.last_applied(),
             last_position: dev.last_position(),
-            buffered: dev.buffer.len(),
+            buffered: self.reorders.get(&d).map_or(0, |r| r.fixes.len()),
             pairs,
         })
     }
@@ -684,13 +644,12 @@ impl Engine {
     pub fn device_page(&self, from: u32, limit: usize) -> (Vec<DeviceSummary>, Option<u32>) {
         let start = (from as usize).min(self.devices.len());
         let end = start.saturating_add(limit).min(self.devices.len());
-        let page = self.devices[start..end]
-            .iter()
-            .map(|dev| {
-                let mut inside: Vec<Arc<str>> = dev
-                    .pairs
-                    .iter()
-                    .filter_map(|&p| {
+        let page = (start..end)
+            .map(|d| {
+                let dev = &self.devices[d];
+                let mut inside: Vec<Arc<str>> = pair_slots(&self.devices, &self.pairs, d as u32)
+                    .into_iter()
+                    .filter_map(|p| {
                         let pair = &self.pairs[p as usize];
                         if !pair.is_inside() {
                             return None;
@@ -700,7 +659,7 @@ impl Engine {
                     .collect();
                 inside.sort();
                 DeviceSummary {
-                    id: dev.id_arc(),
+                    id: Arc::from(self.ids.get(dev.id)),
                     last_fix_at: dev.last_applied(),
                     last_position: dev.last_position(),
                     inside,
@@ -711,42 +670,43 @@ impl Engine {
         (page, next)
     }
 
-    fn device_slot(&mut self, id: &Arc<str>) -> u32 {
-        if let Some(d) = self.device_ids.get(&self.devices, id) {
-            return d;
+    /// The slot of device `id`, made if new; `None` when the shard has no room for another.
+    fn device_slot(&mut self, id: &str) -> Option<u32> {
+        if let Some(d) = self.device_ids.get(&self.devices, &self.ids, id) {
+            return Some(d);
         }
-        let d = self.devices.len() as u32;
-        debug_assert!(d < DEVICE_BIT, "device slots must leave the flag bit free");
-        self.devices.push(Device::new(id));
-        self.device_ids.insert(&self.devices, d);
-        d
+        let d = u32::try_from(self.devices.len())
+            .ok()
+            .filter(|&d| d < DEVICE_BIT)?;
+        let at = self.ids.push(id).ok()?;
+        self.devices.push(Device::new(at));
+        self.device_ids.insert(&self.devices, &self.ids, d);
+        Some(d)
     }
 
-    /// Applies every buffered fix `<= W` of device `d`, processes its pairs' internal events `< W`
-    /// and reschedules its timers.
-    fn process_device(&mut self, d: u32, out: &mut Vec<Event>) {
+    /// Applies `first` (a fix `<= W` the caller did not buffer because nothing else waits) and
+    /// every buffered fix `<= W` of device `d`, processes its pairs' internal events `< W` and
+    /// reschedules its timers.
+    fn process_device(&mut self, d: u32, first: Option<Buffered>, out: &mut Vec<Event>) {
         let Some(w) = self.watermark else { return };
         self.mark_dirty(d);
-        loop {
-            let dev = &mut self.devices[d as usize];
-            match dev.buffer.first() {
+        if let Some(b) = first {
+            debug_assert!(b.ts <= w && !self.reorders.contains_key(&d));
+            self.apply(d, b, out);
+        }
+        while let Some(reorder) = self.reorders.get_mut(&d) {
+            match reorder.fixes.first() {
                 Some(b) if b.ts <= w => {
-                    let b = dev.buffer.remove(0);
+                    let b = reorder.fixes.remove(0);
                     self.buffered -= 1;
                     self.apply(d, b, out);
                 }
                 _ => break,
             }
         }
-        let dev = &mut self.devices[d as usize];
-        if dev.buffer.is_empty() && dev.buffer.capacity() > 0 {
-            // An idle device keeps no buffer block (at a million devices that was ~170 MB).
-            dev.buffer = ThinVec::new();
-        }
         self.catch_up(d, w, out);
-        for i in 0..self.devices[d as usize].pairs.len() {
-            let p = self.devices[d as usize].pairs[i];
-            self.resched_pair(p);
+        for p in pair_slots(&self.devices, &self.pairs, d) {
+            self.resched_pair(d, p);
         }
         self.resched_device(d);
     }
@@ -754,10 +714,8 @@ impl Engine {
     /// Processes internal events strictly before `bound` for every pair of device `d`.
     fn catch_up(&mut self, d: u32, bound: Ts, out: &mut Vec<Event>) {
         let last = self.devices[d as usize].last_applied();
-        let mut i = 0;
-        while i < self.devices[d as usize].pairs.len() {
-            let dev = &self.devices[d as usize];
-            let (p, dev_id) = (dev.pairs[i], &dev.id);
+        for p in pair_slots(&self.devices, &self.pairs, d) {
+            let dev_id = self.ids.get(self.devices[d as usize].id);
             let pair = &mut self.pairs[p as usize];
             let alive = match self.fences.get(pair.fence) {
                 Some(fence) => pair.catch_up(&fence.settings, bound, last, &mut |o| {
@@ -766,9 +724,7 @@ impl Engine {
                 None => Alive::No,
             };
             if alive == Alive::No {
-                self.free_pair(d, i);
-            } else {
-                i += 1;
+                self.free_pair(d, p);
             }
         }
     }
@@ -782,17 +738,14 @@ impl Engine {
         dev.last_position = [b.lat, b.lon];
         let ignored = |f: &Fence| matches!((b.accuracy, f.settings.max_accuracy_m), (Some(a), Some(max)) if a > max);
 
-        let mut i = 0;
-        while i < self.devices[d as usize].pairs.len() {
-            let dev = &self.devices[d as usize];
-            let (p, dev_id) = (dev.pairs[i], &dev.id);
+        for p in pair_slots(&self.devices, &self.pairs, d) {
+            let dev_id = self.ids.get(self.devices[d as usize].id);
             let pair = &mut self.pairs[p as usize];
             let Some(fence) = self.fences.get(pair.fence) else {
-                self.free_pair(d, i);
+                self.free_pair(d, p);
                 continue;
             };
             if ignored(fence) {
-                i += 1;
                 continue;
             }
             let class = classify(fence, pair.is_inside(), b.lon, b.lat);
@@ -800,17 +753,15 @@ impl Engine {
                 out.push(to_event(o, dev_id, fence))
             });
             if alive == Alive::No {
-                self.free_pair(d, i);
-            } else {
-                i += 1;
+                self.free_pair(d, p);
             }
         }
 
-        let mut candidates = Vec::new();
+        let mut candidates = std::mem::take(&mut self.candidates);
+        candidates.clear();
         self.fences.candidates(b.lon, b.lat, &mut candidates);
-        for idx in candidates {
-            let has_pair = self.devices[d as usize]
-                .pairs
+        for &idx in &candidates {
+            let has_pair = pair_slots(&self.devices, &self.pairs, d)
                 .iter()
                 .any(|&p| self.pairs[p as usize].fence == idx);
             if has_pair {
@@ -822,15 +773,18 @@ impl Engine {
             if ignored(fence) || !fence.contains(b.lon, b.lat) {
                 continue;
             }
-            let dev_id = &self.devices[d as usize].id;
-            let pair = Pair::start(d, idx, &fence.settings, b.ts, &mut |o| {
+            let dev_id = self.ids.get(self.devices[d as usize].id);
+            let pair = Pair::start(idx, &fence.settings, b.ts, &mut |o| {
                 out.push(to_event(o, dev_id, fence))
             });
             self.insert_pair(d, pair);
         }
+        self.candidates = candidates;
     }
 
+    /// Stores `pair` in a free slot and appends it to device `d`'s list.
     fn insert_pair(&mut self, d: u32, mut pair: Pair) {
+        pair.link = d | DEVICE_BIT;
         let slot = match self.free_pairs.pop() {
             Some(slot) => {
                 pair.timer_gen = self.pairs[slot as usize].timer_gen;
@@ -844,23 +798,52 @@ impl Engine {
                 slot
             }
         };
-        self.devices[d as usize].pairs.push(slot);
+        let head = self.devices[d as usize].first_pair;
+        if head & DEVICE_BIT != 0 {
+            self.devices[d as usize].first_pair = slot;
+        } else {
+            let mut last = head;
+            while self.pairs[last as usize].link & DEVICE_BIT == 0 {
+                last = self.pairs[last as usize].link;
+            }
+            self.pairs[last as usize].link = slot;
+        }
         self.live_pairs += 1;
     }
 
-    /// Drops the `i`-th pair of device `d`, tombstoning its timer.
-    fn free_pair(&mut self, d: u32, i: usize) {
-        let slot = self.devices[d as usize].pairs.swap_remove(i);
+    /// Unlinks pair `slot` from device `d`'s list and frees it, tombstoning its timer.
+    fn free_pair(&mut self, d: u32, slot: u32) {
+        let next = self.pairs[slot as usize].link;
+        let head = &mut self.devices[d as usize].first_pair;
+        if *head == slot {
+            *head = if next & DEVICE_BIT != 0 {
+                NO_PAIR
+            } else {
+                next
+            };
+        } else {
+            let mut prev = *head;
+            while self.pairs[prev as usize].link != slot {
+                prev = self.pairs[prev as usize].link;
+                debug_assert!(
+                    prev & DEVICE_BIT == 0,
+                    "pair {slot} is not in device {d}'s list"
+                );
+            }
+            self.pairs[prev as usize].link = next;
+        }
         let pair = &mut self.pairs[slot as usize];
-        if std::mem::replace(&mut pair.timer_due, Pair::NO_TIMER) != Pair::NO_TIMER {
+        if pair.has_timer() {
             self.wheel.cancelled();
         }
+        pair.set_timer(None, 0);
         pair.timer_gen = pair.timer_gen.wrapping_add(1);
         self.free_pairs.push(slot);
         self.live_pairs -= 1;
     }
 
-    fn resched_pair(&mut self, slot: u32) {
+    /// Puts pair `slot` (of device `d`) on the wheel at its next internal event.
+    fn resched_pair(&mut self, d: u32, slot: u32) {
         let pair = &mut self.pairs[slot as usize];
         let Some(fence) = self.fences.get(pair.fence) else {
             return;
@@ -876,16 +859,16 @@ impl Engine {
             None => (None, None),
         };
         if let Some(r) = soon {
-            self.soon.push(Reverse((r, pair.device)));
+            self.soon.push(Reverse((r, d)));
         }
-        if due == pair.timer() {
+        if pair.timer_is(due, now) {
             return;
         }
-        if pair.timer().is_some() {
+        if pair.has_timer() {
             self.wheel.cancelled();
         }
         pair.timer_gen = pair.timer_gen.wrapping_add(1);
-        pair.timer_due = due.unwrap_or(Pair::NO_TIMER);
+        pair.set_timer(due, now);
         if let Some(due) = due {
             self.wheel.schedule(
                 TimerKey {
@@ -897,11 +880,15 @@ impl Engine {
         }
     }
 
+    /// Puts device `d`'s flush timer at its earliest buffered fix, and drops the reorder block
+    /// once nothing waits in it.
     fn resched_device(&mut self, d: u32) {
-        let dev = &mut self.devices[d as usize];
+        let Some(reorder) = self.reorders.get_mut(&d) else {
+            return;
+        };
         let now = self.wheel.now().0;
-        let due = match dev
-            .buffer
+        let due = match reorder
+            .fixes
             .first()
             .map(|b| (b.ts, self.clock.completed_tick(b.ts).0))
         {
@@ -912,22 +899,26 @@ impl Engine {
             Some((_, k)) => Some(k),
             None => None,
         };
-        if due == dev.flush_due() {
-            return;
+        let armed = (reorder.flush_due != NO_TICK).then_some(reorder.flush_due);
+        if due != armed {
+            if armed.is_some() {
+                self.wheel.cancelled();
+            }
+            reorder.flush_gen = reorder.flush_gen.wrapping_add(1);
+            reorder.flush_due = due.unwrap_or(NO_TICK);
+            if let Some(due) = due {
+                self.wheel.schedule(
+                    TimerKey {
+                        slot: d | DEVICE_BIT,
+                        generation: reorder.flush_gen,
+                    },
+                    Tick(due),
+                );
+            }
         }
-        if dev.flush_due().is_some() {
-            self.wheel.cancelled();
-        }
-        dev.flush_gen = dev.flush_gen.wrapping_add(1);
-        dev.flush_due = due.unwrap_or(NO_TICK);
-        if let Some(due) = due {
-            self.wheel.schedule(
-                TimerKey {
-                    slot: d | DEVICE_BIT,
-                    generation: dev.flush_gen,
-                },
-                Tick(due),
-            );
+        if reorder.fixes.is_empty() && reorder.flush_due == NO_TICK {
+            // An idle device keeps no buffer (at a million devices that was ~170 MB).
+            self.reorders.remove(&d);
         }
     }
 
@@ -935,9 +926,12 @@ impl Engine {
         if !self.cfg.track_dirty {
             return;
         }
-        let dev = &mut self.devices[d as usize];
-        if !dev.dirty {
-            dev.dirty = true;
+        let (word, bit) = ((d / 64) as usize, 1u64 << (d % 64));
+        if word >= self.dirty_bits.len() {
+            self.dirty_bits.resize(word + 1, 0);
+        }
+        if self.dirty_bits[word] & bit == 0 {
+            self.dirty_bits[word] |= bit;
             self.dirty.push(d);
         }
     }
@@ -948,7 +942,7 @@ impl Engine {
         let dirty = std::mem::take(&mut self.dirty);
         let out = dirty.iter().map(|&d| self.export_device(d)).collect();
         for d in dirty {
-            self.devices[d as usize].dirty = false;
+            self.dirty_bits[(d / 64) as usize] &= !(1u64 << (d % 64));
         }
         out
     }
@@ -963,14 +957,66 @@ impl Engine {
     }
 }
 
+#[cfg(test)]
+impl Engine {
+    /// Checks the record invariants: every live pair is in exactly one device's list, the list
+    /// ends in that device, free slots are in no list, and a device holds a reorder block only
+    /// while it buffers a fix or arms a flush timer.
+    pub(crate) fn check_records(&self) {
+        let mut seen = vec![false; self.pairs.len()];
+        let mut count = 0u64;
+        for d in 0..self.devices.len() as u32 {
+            for p in pair_slots(&self.devices, &self.pairs, d) {
+                assert!(!seen[p as usize], "pair {p} listed twice");
+                seen[p as usize] = true;
+                assert_eq!(pair_device(&self.pairs, p), d);
+                count += 1;
+            }
+            if let Some(r) = self.reorders.get(&d) {
+                assert!(!r.fixes.is_empty() || r.flush_due != NO_TICK);
+            }
+            let id = self.ids.get(self.devices[d as usize].id);
+            assert_eq!(self.device_ids.get(&self.devices, &self.ids, id), Some(d));
+        }
+        assert_eq!(count, self.live_pairs);
+        for &f in &self.free_pairs {
+            assert!(!seen[f as usize], "free pair {f} is listed");
+        }
+    }
+}
+
 /// Whether a wheel entry is still its owner's current timer.
-fn entry_live(k: TimerKey, pairs: &[Pair], devices: &[Device]) -> bool {
+fn entry_live(k: TimerKey, pairs: &[Pair], reorders: &Reorders) -> bool {
     if k.slot & DEVICE_BIT != 0 {
-        let dev = &devices[(k.slot & !DEVICE_BIT) as usize];
-        dev.flush_gen == k.generation && dev.flush_due().is_some()
+        reorders
+            .get(&(k.slot & !DEVICE_BIT))
+            .is_some_and(|r| r.flush_gen == k.generation && r.flush_due != NO_TICK)
     } else {
         let p = &pairs[k.slot as usize];
-        p.timer_gen == k.generation && p.timer().is_some()
+        p.timer_gen == k.generation && p.has_timer()
+    }
+}
+
+/// Device `d`'s pair slots in list order. A copy, because the loops over them free pairs.
+fn pair_slots(devices: &[Device], pairs: &[Pair], d: u32) -> SmallVec<[u32; 8]> {
+    let mut out = SmallVec::new();
+    let mut cur = devices[d as usize].first_pair;
+    while cur & DEVICE_BIT == 0 {
+        out.push(cur);
+        cur = pairs[cur as usize].link;
+    }
+    out
+}
+
+/// The device whose list holds pair `slot`: the tag at the end of the list.
+fn pair_device(pairs: &[Pair], slot: u32) -> u32 {
+    let mut cur = slot;
+    loop {
+        let link = pairs[cur as usize].link;
+        if link & DEVICE_BIT != 0 {
+            return link & !DEVICE_BIT;
+        }
+        cur = link;
     }
 }
 

@@ -74,18 +74,22 @@ pub enum Alive {
     No,
 }
 
-/// A device-fence pair record.
+/// A device-fence pair record: 48 bytes, one per live pair, so its size is a large part of what
+/// a live pair costs. There is no `device` field: the engine threads a device's pairs into a
+/// list through `link`, whose last element names the device, and a timer's due tick is kept as
+/// its low 32 bits (see [`Pair::timer_is`]), so that the record stays at 48 bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pair {
-    /// Owning device (engine slot).
-    pub device: u32,
+    /// The next pair slot of the same device, or the device slot tagged with the engine's device
+    /// bit when this is the device's last pair. Owned by the engine.
+    pub link: u32,
     /// The fence.
     pub fence: FenceIdx,
     /// Generation of this record's timer: a wheel entry is live only while it carries this value.
     pub timer_gen: u32,
-    /// The tick the live wheel entry is due at; [`Pair::NO_TIMER`] when none is outstanding. A
-    /// sentinel rather than an `Option`, which would take 16 bytes and make the record 64.
-    pub timer_due: u64,
+    /// Low 32 bits of the tick the live wheel entry is due at (meaningful unless `timer_state`
+    /// is [`TimerState::None`]).
+    timer_lo: u32,
     /// Visit start while INSIDE; the pending ENTER run's first fix while OUTSIDE.
     entered_at: Ts,
     /// First and last fix of the pending run (ENTER run when OUTSIDE, EXIT run when INSIDE).
@@ -97,11 +101,31 @@ pub struct Pair {
     inside: bool,
     /// Thresholds `0..evaluated` have had their deadline pass.
     evaluated: u8,
+    /// Whether a wheel entry is outstanding, and whether `timer_lo` identifies its tick.
+    timer_state: TimerState,
     /// Thresholds already emitted in this visit.
     fired: u16,
     /// Evaluated thresholds that were STALE at their deadline and not yet released by a fix.
     stale: u16,
 }
+
+/// What a pair record knows of its outstanding wheel entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum TimerState {
+    /// No entry is outstanding.
+    None,
+    /// An entry is outstanding, due less than 2^31 ticks after the wheel's tick when it was
+    /// scheduled: `timer_lo` identifies it (see [`Pair::timer_is`]).
+    Near,
+    /// An entry is outstanding, further ahead than that: its tick is not remembered, and a
+    /// reschedule always replaces it (rare: thresholds beyond 2^31 ticks).
+    Far,
+}
+
+/// Half the range of the stored low bits: a due tick within this distance of the wheel's tick
+/// is recovered exactly from its low 32 bits.
+const NEAR: u64 = 1 << 31;
 
 /// The durable part of a pair record: its visit, pending run, and per-threshold state. The
 /// record's place in memory and its timer are not stored: the timer is derived from the state
@@ -144,28 +168,58 @@ pub struct PairView {
 }
 
 impl Pair {
-    /// `timer_due` when no wheel entry is outstanding.
-    pub const NO_TIMER: u64 = u64::MAX;
+    /// Whether a wheel entry is outstanding for this record.
+    pub fn has_timer(&self) -> bool {
+        self.timer_state != TimerState::None
+    }
 
-    /// The tick of the outstanding wheel entry, if any.
-    pub fn timer(&self) -> Option<u64> {
-        (self.timer_due != Pair::NO_TIMER).then_some(self.timer_due)
+    /// Whether the outstanding entry is provably due at `due`, the wheel's tick being `now`
+    /// (`None`: whether no entry is outstanding). A `Near` entry was due less than 2^31 ticks after
+    /// the tick it was scheduled at, so it is due before `now + 2^31`; and it is due after
+    /// `now - 2^31` unless the wheel carried it for 2^31 ticks. Within that window of 2^32 ticks
+    /// the low 32 bits name one tick, so equal low bits mean the same tick. Should the window be
+    /// exceeded, the answer can only be a wrong "yes" for an entry due *earlier* than `due`, which
+    /// fires early and makes the engine re-check and reschedule: never a late event.
+    pub fn timer_is(&self, due: Option<u64>, now: u64) -> bool {
+        match (self.timer_state, due) {
+            (TimerState::None, None) => true,
+            (TimerState::Near, Some(due)) => {
+                due.wrapping_sub(now) < NEAR && due as u32 == self.timer_lo
+            }
+            _ => false,
+        }
+    }
+
+    /// Records the entry just scheduled at `due` (`None`: no entry), the wheel's tick being `now`.
+    pub fn set_timer(&mut self, due: Option<u64>, now: u64) {
+        match due {
+            None => self.timer_state = TimerState::None,
+            Some(due) => {
+                // Truncation is the point: see `timer_is`.
+                self.timer_lo = due as u32;
+                self.timer_state = if due.wrapping_sub(now) < NEAR {
+                    TimerState::Near
+                } else {
+                    TimerState::Far
+                };
+            }
+        }
     }
 
     /// A pair that has just seen its first inside fix at `ts`. Emits ENTER at once when
     /// `enter_confirm <= 1`.
     pub fn start(
-        device: u32,
         fence: FenceIdx,
         s: &FenceSettings,
         ts: Ts,
         out: &mut impl FnMut(PairOutput),
     ) -> Pair {
         let mut p = Pair {
-            device,
+            link: 0,
             fence,
             timer_gen: 0,
-            timer_due: Pair::NO_TIMER,
+            timer_lo: 0,
+            timer_state: TimerState::None,
             entered_at: ts,
             vote_first: ts,
             vote_last: ts,
@@ -197,14 +251,15 @@ impl Pair {
 
     /// Rebuilds a record from its durable state. Per-threshold state beyond the fence's current
     /// thresholds is dropped (the fence may have changed while the state was stored).
-    pub fn from_state(device: u32, fence: FenceIdx, st: &PairState, s: &FenceSettings) -> Pair {
+    pub fn from_state(fence: FenceIdx, st: &PairState, s: &FenceSettings) -> Pair {
         let n = s.dwell.len().min(16);
         let mask = if n >= 16 { u16::MAX } else { (1u16 << n) - 1 };
         Pair {
-            device,
+            link: 0,
             fence,
             timer_gen: 0,
-            timer_due: Pair::NO_TIMER,
+            timer_lo: 0,
+            timer_state: TimerState::None,
             entered_at: Ts(st.entered_at),
             vote_first: Ts(st.vote_first),
             vote_last: Ts(st.vote_last),
@@ -483,7 +538,7 @@ mod tests {
     fn enter_then_dwell_then_exit() {
         let s = settings(&[60]);
         let mut out = Vec::new();
-        let mut p = Pair::start(0, FenceIdx(0), &s, Ts(0), &mut |o| out.push(o));
+        let mut p = Pair::start(FenceIdx(0), &s, Ts(0), &mut |o| out.push(o));
         assert_eq!(out, vec![PairOutput::Enter { entered_at: Ts(0) }]);
         let got = run(
             &mut p,
@@ -513,7 +568,7 @@ mod tests {
     fn remap_keeps_fired_state_of_unchanged_thresholds() {
         let s = settings(&[60, 120]);
         let mut out = Vec::new();
-        let mut p = Pair::start(0, FenceIdx(0), &s, Ts(0), &mut |o| out.push(o));
+        let mut p = Pair::start(FenceIdx(0), &s, Ts(0), &mut |o| out.push(o));
         run(&mut p, &s, &[(61, Some(FixClass::Inside))]);
         assert_eq!(p.fired, 0b1);
         let s2 = FenceSettings {
@@ -536,5 +591,28 @@ mod tests {
         let mut out = Vec::new();
         p.remap_thresholds(&old.dwell, new, Some(Ts(61_000)), &mut |o| out.push(o));
         out
+    }
+
+    #[test]
+    fn timer_low_bits_identify_the_tick_near_the_wheel_and_never_far_from_it() {
+        let s = FenceSettings::default();
+        let mut p = Pair::start(FenceIdx(0), &s, Ts(0), &mut |_| {});
+        assert!(p.timer_is(None, 5) && !p.has_timer());
+        let now = u64::from(u32::MAX) - 10;
+        // Across the 32-bit wrap of the low bits.
+        p.set_timer(Some(now + 100), now);
+        assert!(p.has_timer());
+        assert!(p.timer_is(Some(now + 100), now));
+        assert!(p.timer_is(Some(now + 100), now + 50));
+        assert!(!p.timer_is(Some(now + 101), now));
+        assert!(!p.timer_is(None, now));
+        // Same low bits, 2^32 ticks apart: not the same tick.
+        assert!(!p.timer_is(Some(now + 100 + (1 << 32)), now + 50));
+        // A far timer is never taken for the same one, so it is always rescheduled.
+        p.set_timer(Some(now + (1 << 40)), now);
+        assert!(p.has_timer());
+        assert!(!p.timer_is(Some(now + (1 << 40)), now));
+        p.set_timer(None, now);
+        assert!(!p.has_timer() && p.timer_is(None, now));
     }
 }

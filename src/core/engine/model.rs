@@ -198,6 +198,7 @@ fn run_engines(fences: &[Arc<Fence>], arrival: &[Fix], batches: &[usize], run: &
             e.advance(w, &mut out);
             // Between-tick sweeps must change nothing observable.
             e.sweep((b * 37) % 300);
+            e.check_records();
         }
     }
     if let Some(m) = max_seen {

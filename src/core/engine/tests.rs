@@ -609,6 +609,65 @@ fn device_pages_walk_every_device_once_and_name_the_fences_it_is_inside() {
 /// (docs/bench-e2e.md). A size regression should be a decision, not an accident.
 #[test]
 fn record_sizes() {
-    assert_eq!(std::mem::size_of::<Device>(), 96);
-    assert_eq!(std::mem::size_of::<Pair>(), 56);
+    assert_eq!(std::mem::size_of::<records::Device>(), 32);
+    assert_eq!(std::mem::size_of::<Pair>(), 48);
+}
+
+/// A square `d` degrees wide with its south-west corner at (10.0, 50.0).
+fn nested(id: &str, d: f64) -> Arc<Fence> {
+    fence_from(serde_json::json!({
+        "type": "Feature",
+        "id": id,
+        "geometry": {"type": "Polygon", "coordinates": [[
+            [10.0, 50.0], [10.0 + d, 50.0], [10.0 + d, 50.0 + d], [10.0, 50.0 + d], [10.0, 50.0]
+        ]]},
+        "properties": {"dwell": ["10m"]},
+    }))
+}
+
+#[test]
+fn pair_lists_survive_leaving_fences_in_any_order() {
+    // Three nested squares; a device walks out of them from the inside out and back, and other
+    // devices interleave, so list heads, middles and tails are all unlinked at some point.
+    let mut e = Engine::new(EngineConfig::default());
+    let mut out = Vec::new();
+    for (id, d) in [("a", 0.03), ("b", 0.02), ("c", 0.01)] {
+        e.upsert_fence(nested(id, d), &mut out);
+    }
+    // (lon, lat) offsets inside 3, 2, 1 and 0 of the fences.
+    let spots = [0.005, 0.015, 0.025, 0.05];
+    let walk = [0, 1, 2, 3, 0, 2, 1, 0, 3];
+    let mut t = 0;
+    for (step, &i) in walk.iter().enumerate() {
+        for dev in ["x", "y", "z"] {
+            let i = (i + dev.len() * step) % spots.len();
+            let p = 10.0 + spots[i];
+            let fix = Fix::new(dev, ts(t), 50.0 + spots[i], p, None, 64).unwrap();
+            e.ingest(&fix, ts(t), &mut out).unwrap();
+            e.check_records();
+            t += 30;
+        }
+    }
+    let inside: Vec<usize> = ["x", "y", "z"]
+        .iter()
+        .map(|d| e.device(d).unwrap().pairs.len())
+        .collect();
+    assert_eq!(e.stats().pairs, inside.iter().sum::<usize>() as u64);
+    // x parks inside all three, then the middle fence goes: its pairs leave every list, the
+    // others keep their timers.
+    let fix = Fix::new("x", ts(t), 50.005, 10.005, None, 64).unwrap();
+    e.ingest(&fix, ts(t), &mut out).unwrap();
+    assert_eq!(e.device("x").unwrap().pairs.len(), 3);
+    assert!(e.remove_fence("b"));
+    e.check_records();
+    out.clear();
+    e.advance(ts(t + 7200), &mut out);
+    e.check_records();
+    let mut dwelled: Vec<&str> = out
+        .iter()
+        .filter(|ev| ev.kind == EventKind::Dwell && &*ev.device == "x")
+        .map(|ev| &*ev.fence)
+        .collect();
+    dwelled.sort();
+    assert_eq!(dwelled, ["a", "c"]);
 }
