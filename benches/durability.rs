@@ -266,7 +266,7 @@ fn cluster_fences(clusters: usize, limits: &geodwell::core::fences::FenceLimits)
         let (lon, lat) = cluster_centre(c);
         let settings = FenceSettings {
             dwell: vec![Dur::from_mins(10), Dur::from_mins(60)],
-            tags: json!({"kind": "site", "cluster": c}),
+            tags: Arc::new(json!({"kind": "site", "cluster": c})),
             ..FenceSettings::default()
         };
         out.push(square(

@@ -31,7 +31,7 @@ impl LoggedEvent {
         let json: Arc<str> = serde_json::to_string(&event)
             .unwrap_or_else(|_| "{}".to_string())
             .into();
-        event.tags = serde_json::Value::Null;
+        event.tags = Arc::new(serde_json::Value::Null);
         LoggedEvent { event, json }
     }
 }
@@ -178,9 +178,8 @@ mod tests {
     use crate::core::time::Ts;
 
     fn ev(n: i64) -> Event {
-        let d: Arc<str> = Arc::from("d");
         let f: Arc<str> = Arc::from("f");
-        Event::enter(&d, &f, Ts(n), &serde_json::json!({}))
+        Event::enter("d", &f, Ts(n), &Arc::new(serde_json::json!({})))
     }
 
     #[test]
