@@ -44,7 +44,7 @@ use geodwell::core::event::Event;
 use geodwell::core::fences::{Fence, FenceSettings, parse_fences_str};
 use geodwell::core::fix::Fix;
 use geodwell::core::time::{Dur, Ts};
-use geodwell::events::{EventLog, LoggedEvent};
+use geodwell::events::{CompactEvent, EventLog, Interner, LoggedEvent};
 use geodwell::ingest::shard_of;
 use geodwell::store::{Batch, Durability, FILE_NAME, Store};
 use serde_json::{Value, json};
@@ -266,7 +266,7 @@ fn cluster_fences(clusters: usize, limits: &geodwell::core::fences::FenceLimits)
         let (lon, lat) = cluster_centre(c);
         let settings = FenceSettings {
             dwell: vec![Dur::from_mins(10), Dur::from_mins(60)],
-            tags: json!({"kind": "site", "cluster": c}),
+            tags: Arc::new(json!({"kind": "site", "cluster": c})),
             ..FenceSettings::default()
         };
         out.push(square(
@@ -534,19 +534,19 @@ fn warm_start(
         cfg.log_max_age,
         snap.events.first().map_or(snap.next_seq, |(s, _)| *s),
     );
-    let events: Vec<Arc<LoggedEvent>> = snap
+    let mut interner = Interner::default();
+    let events: Vec<LoggedEvent> = snap
         .events
         .into_iter()
         .map(|(_, json)| {
-            let event: Event = serde_json::from_str(&json).expect("stored event parses");
-            Arc::new(LoggedEvent {
-                event,
-                json: json.into(),
-            })
+            let (seq, event) =
+                CompactEvent::from_json(&json, &mut interner).expect("stored event parses");
+            LoggedEvent::new(seq, event, Some(json.into()))
         })
         .collect();
     r.event_count = events.len();
-    log.append_stamped(events);
+    log.append_stamped(events)
+        .expect("stored events are gap-free");
     assert_eq!(log.next_seq(), snap.next_seq, "event tail ends at next_seq");
     r.events = lap();
     let shards = cfg.shards;

@@ -49,12 +49,11 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{ClockMode, Config, DurabilityMode};
 use crate::core::engine::{DeviceState, Engine, EngineConfig, Restored};
-use crate::core::event::Event;
 use crate::core::fences::{Fence, FenceErrors, FenceLimits, parse_fences_str};
 use crate::core::time::Ts;
 use crate::events::EventLog;
-use crate::events::LoggedEvent;
 use crate::events::publisher::{PublisherCfg, Step};
+use crate::events::{CompactEvent, Interner, JSON_CACHE, LoggedEvent};
 use crate::shard::{ShardCtx, WallClock};
 use crate::state::AppState;
 use crate::store::{Durability, Store, StoreError};
@@ -185,22 +184,21 @@ pub async fn run(
         cfg.log_max_age,
         tail.first().map_or(next_seq, |(seq, _)| *seq),
     ));
+    // Decoded into the compact form the log holds, with fence ids and tags shared as in a live
+    // log; the stored text is what the log rendered, so it is kept as the newest events' JSON.
+    let mut interner = Interner::default();
     let mut restored_events = Vec::with_capacity(tail.len());
-    for (_, json) in tail {
-        match serde_json::from_str::<Event>(&json) {
-            Ok(event) => restored_events.push(Arc::new(LoggedEvent {
-                event,
-                json: json.into(),
-            })),
-            Err(e) => {
-                return Err(RunError::Corrupt(format!(
-                    "stored event does not decode: {e}"
-                )));
-            }
-        }
+    let cached_from = tail.len().saturating_sub(JSON_CACHE);
+    for (i, (_, json)) in tail.into_iter().enumerate() {
+        let (seq, event) = CompactEvent::from_json(&json, &mut interner)
+            .map_err(|e| RunError::Corrupt(e.to_string()))?;
+        let text = (i >= cached_from).then(|| Arc::<str>::from(json));
+        restored_events.push(LoggedEvent::new(seq, event, text));
     }
+    drop(interner);
     let events_restored = restored_events.len();
-    log.append_stamped(restored_events);
+    log.append_stamped(restored_events)
+        .map_err(|e| RunError::Corrupt(format!("stored events: {e}")))?;
     if log.next_seq() != next_seq {
         return Err(RunError::Corrupt(format!(
             "stored events end at seq {} but the store says next_seq = {next_seq}",

@@ -1034,7 +1034,6 @@ fn classify(fence: &Fence, inside: bool, lon: f64, lat: f64) -> FixClass {
 }
 
 fn to_event(o: PairOutput, device: &str, fence: &Fence) -> Event {
-    let device: Arc<str> = Arc::from(device);
     let device = &device;
     let tags = &fence.settings.tags;
     match o {

@@ -8,7 +8,9 @@
 use std::fmt;
 use std::sync::Arc;
 
+use compact_str::CompactString;
 use serde::{Deserialize, Serialize, Serializer};
+use smallvec::SmallVec;
 
 use crate::core::time::{Dur, Ts};
 
@@ -60,7 +62,9 @@ impl EventId {
     ///
     /// The fields are length-prefixed so that no two different tuples share a byte string.
     pub fn derive(kind: EventKind, device: &str, fence: &str, entered_at: Ts, extra: i64) -> Self {
-        let mut buf = Vec::with_capacity(64 + device.len() + fence.len());
+        // On the stack for usual id lengths: the event log re-derives ids when it renders events,
+        // so this runs once per event sent, not just once per event emitted.
+        let mut buf: SmallVec<[u8; 128]> = SmallVec::new();
         buf.extend_from_slice(b"geodwell/event/v1\0");
         buf.extend_from_slice(kind.as_str().as_bytes());
         buf.push(0);
@@ -127,8 +131,8 @@ pub struct Event {
     /// Kind.
     #[serde(rename = "type")]
     pub kind: EventKind,
-    /// Device id.
-    pub device: Arc<str>,
+    /// Device id (inline up to 24 bytes: building an event allocates nothing for typical ids).
+    pub device: CompactString,
     /// Fence id.
     pub fence: Arc<str>,
     /// Event time: ENTER's first inside fix, EXIT's first outside fix, DWELL's deadline.
@@ -144,23 +148,24 @@ pub struct Event {
     /// Wall-clock publication time; `None` until the shell stamps it.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub emitted_at: Option<Ts>,
-    /// The fence's tags at emission.
-    pub tags: serde_json::Value,
+    /// The fence's tags at emission: the fence's own shared value, not a copy (serialized as the
+    /// value itself, so the JSON is the same as for an unshared one).
+    pub tags: Arc<serde_json::Value>,
 }
 
 impl Event {
     /// An ENTER of the visit starting at `entered_at`.
     pub fn enter(
-        device: &Arc<str>,
+        device: &str,
         fence: &Arc<str>,
         entered_at: Ts,
-        tags: &serde_json::Value,
+        tags: &Arc<serde_json::Value>,
     ) -> Event {
         Event {
             seq: 0,
             id: EventId::derive(EventKind::Enter, device, fence, entered_at, 0),
             kind: EventKind::Enter,
-            device: device.clone(),
+            device: CompactString::from(device),
             fence: fence.clone(),
             at: entered_at,
             entered_at,
@@ -173,17 +178,17 @@ impl Event {
 
     /// An EXIT at `at` of the visit that started at `entered_at`.
     pub fn exit(
-        device: &Arc<str>,
+        device: &str,
         fence: &Arc<str>,
         entered_at: Ts,
         at: Ts,
-        tags: &serde_json::Value,
+        tags: &Arc<serde_json::Value>,
     ) -> Event {
         Event {
             seq: 0,
             id: EventId::derive(EventKind::Exit, device, fence, entered_at, at.0),
             kind: EventKind::Exit,
-            device: device.clone(),
+            device: CompactString::from(device),
             fence: fence.clone(),
             at,
             entered_at,
@@ -196,11 +201,11 @@ impl Event {
 
     /// A DWELL of threshold `threshold` for the visit that started at `entered_at`.
     pub fn dwell(
-        device: &Arc<str>,
+        device: &str,
         fence: &Arc<str>,
         entered_at: Ts,
         threshold: Dur,
-        tags: &serde_json::Value,
+        tags: &Arc<serde_json::Value>,
     ) -> Event {
         Event {
             seq: 0,
@@ -212,7 +217,7 @@ impl Event {
                 threshold.millis(),
             ),
             kind: EventKind::Dwell,
-            device: device.clone(),
+            device: CompactString::from(device),
             fence: fence.clone(),
             at: entered_at.plus(threshold),
             entered_at,
@@ -232,14 +237,14 @@ mod tests {
     fn ids_depend_only_on_content() {
         let d: Arc<str> = Arc::from("truck-17");
         let f: Arc<str> = Arc::from("depot-3");
-        let tags = serde_json::json!({});
+        let tags = Arc::new(serde_json::json!({}));
         let a = Event::dwell(&d, &f, Ts(1000), Dur::from_mins(10), &tags);
         let b = Event::dwell(
             &d,
             &f,
             Ts(1000),
             Dur::from_mins(10),
-            &serde_json::json!({"x": 1}),
+            &Arc::new(serde_json::json!({"x": 1})),
         );
         assert_eq!(a.id, b.id);
         assert_ne!(
@@ -257,7 +262,13 @@ mod tests {
     fn events_serialize_to_the_documented_json() {
         let d: Arc<str> = Arc::from("truck-17");
         let f: Arc<str> = Arc::from("depot-3");
-        let e = Event::exit(&d, &f, Ts(0), Ts(90_500), &serde_json::json!(["a"]));
+        let e = Event::exit(
+            &d,
+            &f,
+            Ts(0),
+            Ts(90_500),
+            &Arc::new(serde_json::json!(["a"])),
+        );
         let v = serde_json::to_value(&e).unwrap();
         assert_eq!(v["type"], "exit");
         assert_eq!(v["at"], "1970-01-01T00:01:30.500Z");

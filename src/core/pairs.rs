@@ -516,7 +516,7 @@ mod tests {
             confirm_within: Dur::from_mins(5),
             stale_after: Some(Dur::from_mins(15)),
             max_accuracy_m: None,
-            tags: serde_json::json!({}),
+            tags: std::sync::Arc::new(serde_json::json!({})),
         }
     }
 

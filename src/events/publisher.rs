@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::core::engine::DeviceState;
 use crate::core::event::Event;
 use crate::core::time::Ts;
-use crate::events::{EventLog, LoggedEvent};
+use crate::events::{CompactEvent, EventLog, LoggedEvent};
 use crate::shard::{FixOutcome, WallClock};
 use crate::store::{Batch, Durability, Store};
 use crate::telemetry as t;
@@ -110,7 +110,7 @@ pub fn spawn(
 #[derive(Default)]
 struct Pending {
     batch: Batch,
-    events: Vec<Arc<LoggedEvent>>,
+    events: Vec<LoggedEvent>,
     replies: Vec<(oneshot::Sender<StepReply>, Vec<FixOutcome>)>,
     acks: Vec<oneshot::Sender<Result<(), PublishError>>>,
     arrived: Vec<Instant>,
@@ -207,10 +207,23 @@ async fn run(
             for mut e in s.events {
                 e.seq = next_seq;
                 e.emitted_at = Some(now);
+                let compact = match CompactEvent::from_event(&e) {
+                    Ok(c) => c,
+                    Err(err) => {
+                        // Unreachable for events the engine builds; dropped before it takes a
+                        // seq, so the log and the store stay gap-free.
+                        tracing::error!(error = %err, "event not published");
+                        continue;
+                    }
+                };
                 next_seq += 1;
-                let le = LoggedEvent::new(e);
-                p.batch.events.push((le.event.seq, le.json.clone()));
-                p.events.push(Arc::new(le));
+                // Rendered once here: the store keeps this text and the log keeps it for the
+                // live readers (equal to what rendering the compact form gives).
+                let json: Arc<str> = serde_json::to_string(&e)
+                    .unwrap_or_else(|_| "{}".to_string())
+                    .into();
+                p.batch.events.push((e.seq, json.clone()));
+                p.events.push(LoggedEvent::new(e.seq, compact, Some(json)));
             }
             p.batch.devices_put.extend(s.devices);
             p.batch.fences_put.extend(s.fences_put);
@@ -303,9 +316,12 @@ fn commit(
         counter!(t::STORE_COMMITS).increment(1);
     }
     for e in &p.events {
-        counter!(t::EVENTS_EMITTED, "type" => e.event.kind.as_str()).increment(1);
+        counter!(t::EVENTS_EMITTED, "type" => e.event.kind().as_str()).increment(1);
     }
-    log.append_stamped(std::mem::take(&mut p.events));
+    if let Err(e) = log.append_stamped(std::mem::take(&mut p.events)) {
+        // Unreachable: this task is the log's only writer and stamps seqs from its next_seq.
+        tracing::error!(error = %e, "events committed but not published to the log");
+    }
     for a in p.arrived.drain(..) {
         histogram!(t::INGEST_TO_EVENT_SECONDS).record(a.elapsed().as_secs_f64());
     }

@@ -22,7 +22,8 @@ use futures_util::{SinkExt, StreamExt};
 use metrics::{counter, gauge};
 use wildmatch::WildMatch;
 
-use crate::core::event::{Event, EventKind};
+use crate::core::event::EventKind;
+use crate::events::CompactEvent;
 use crate::http::error::ApiError;
 use crate::state::AppState;
 use crate::telemetry as t;
@@ -88,18 +89,16 @@ pub async fn poll(
         ));
     }
     let r = st.log.read(from, limit);
-    let next = r
-        .events
-        .last()
-        .map_or(from.max(r.first_seq), |e| e.event.seq + 1);
-    let mut body =
-        String::with_capacity(64 + r.events.iter().map(|e| e.json.len() + 1).sum::<usize>());
+    let next = r.events.last().map_or(from.max(r.first_seq), |e| e.seq + 1);
+    // Events older than the log's JSON cache are rendered here, outside the log's lock.
+    let texts: Vec<Arc<str>> = r.events.iter().map(|e| e.json()).collect();
+    let mut body = String::with_capacity(64 + texts.iter().map(|j| j.len() + 1).sum::<usize>());
     body.push_str("{\"events\":[");
-    for (i, e) in r.events.iter().enumerate() {
+    for (i, j) in texts.iter().enumerate() {
         if i > 0 {
             body.push(',');
         }
-        body.push_str(&e.json);
+        body.push_str(j);
     }
     body.push_str(&format!(
         "],\"next_seq\":{next},\"first_seq\":{},\"head_seq\":{},\"missed\":{}}}",
@@ -153,10 +152,10 @@ impl Filter {
     }
 
     /// Whether `e` passes.
-    pub fn matches(&self, e: &Event) -> bool {
-        self.types.as_ref().is_none_or(|t| t.contains(&e.kind))
-            && self.fence.as_ref().is_none_or(|g| g.matches(&e.fence))
-            && self.device.as_ref().is_none_or(|d| **d == *e.device)
+    pub fn matches(&self, e: &CompactEvent) -> bool {
+        self.types.as_ref().is_none_or(|t| t.contains(&e.kind()))
+            && self.fence.as_ref().is_none_or(|g| g.matches(e.fence()))
+            && self.device.as_ref().is_none_or(|d| d == e.device())
     }
 }
 
@@ -252,9 +251,10 @@ async fn run_subscriber(
             let mut failed = false;
             for e in &r.events {
                 if filter.matches(&e.event) {
+                    // Cached for events near the head (the live case); rendered for a replay.
                     let fed = tokio::time::timeout(
                         SEND_TIMEOUT,
-                        tx.feed(Message::Text(Utf8Bytes::from(&*e.json))),
+                        tx.feed(Message::Text(Utf8Bytes::from(&*e.json()))),
                     )
                     .await;
                     match fed {
@@ -266,7 +266,7 @@ async fn run_subscriber(
                         }
                     }
                 }
-                cursor = e.event.seq + 1;
+                cursor = e.seq + 1;
             }
             if !failed && queued > 0 {
                 match tokio::time::timeout(SEND_TIMEOUT, tx.flush()).await {

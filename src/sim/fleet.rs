@@ -191,7 +191,7 @@ pub fn generate_fences(spec: &LayoutSpec) -> Vec<Fence> {
             enter_confirm: if rng.chance(0.2) { 2 } else { 1 },
             exit_confirm: if rng.chance(0.3) { 2 } else { 1 },
             max_accuracy_m: rng.chance(0.3).then_some(50.0),
-            tags: json!({"kind": rng.pick(&kinds), "site": i}),
+            tags: Arc::new(json!({"kind": rng.pick(&kinds), "site": i})),
             ..FenceSettings::default()
         };
         let id = format!("site-{i}");
@@ -215,7 +215,7 @@ pub fn generate_fences(spec: &LayoutSpec) -> Vec<Fence> {
         if rng.chance(0.15) {
             let dock = FenceSettings {
                 dwell: vec![Dur(120_000), Dur(900_000)],
-                tags: json!({"kind": "dock", "site": i}),
+                tags: Arc::new(json!({"kind": "dock", "site": i})),
                 ..FenceSettings::default()
             };
             let r = rng.range(25.0, 50.0);

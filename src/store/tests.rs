@@ -85,7 +85,7 @@ fn small_engine() -> (Vec<DeviceState>, Vec<(String, String)>, Vec<Event>) {
 fn event_json(seq: u64, i: i64) -> Arc<str> {
     let d: Arc<str> = Arc::from("dev");
     let f: Arc<str> = Arc::from("sq");
-    let mut e = Event::enter(&d, &f, Ts(T0 + i), &serde_json::json!({}));
+    let mut e = Event::enter(&d, &f, Ts(T0 + i), &Arc::new(serde_json::json!({})));
     e.seq = seq;
     serde_json::to_string(&e).unwrap().into()
 }

@@ -385,11 +385,17 @@ impl Sink {
                 r.events
                     .iter()
                     .map(|e| Item {
-                        seq: e.event.seq,
-                        id: e.event.id.to_string(),
-                        kind: e.event.kind,
-                        fence: e.event.fence.clone(),
-                        json: e.json.clone(),
+                        seq: e.seq,
+                        id: e.event.id().to_string(),
+                        kind: e.event.kind(),
+                        fence: e.event.fence().clone(),
+                        // Only what this sink delivers is rendered (events behind the log's JSON
+                        // cache have none); an empty text is skipped like a filtered-out event.
+                        json: if self.filter.matches(e.event.kind(), e.event.fence()) {
+                            e.json()
+                        } else {
+                            Arc::from("")
+                        },
                     })
                     .collect(),
             );

@@ -60,8 +60,10 @@ pub struct FenceSettings {
     pub stale_after: Option<Dur>,
     /// Fixes less accurate than this (metres) are ignored for this fence; `None` = off.
     pub max_accuracy_m: Option<f64>,
-    /// Free-form tags copied onto every event of this fence (JSON object or array).
-    pub tags: serde_json::Value,
+    /// Free-form tags copied onto every event of this fence (JSON object or array). Shared, not
+    /// cloned: every event of the fence (and every entry of the event log) points at this one
+    /// value, which is what keeps a logged event small.
+    pub tags: Arc<serde_json::Value>,
 }
 
 impl Default for FenceSettings {
@@ -76,7 +78,7 @@ impl Default for FenceSettings {
             confirm_within: DEFAULT_CONFIRM_WITHIN,
             stale_after: Some(DEFAULT_STALE_AFTER),
             max_accuracy_m: None,
-            tags: serde_json::Value::Object(serde_json::Map::new()),
+            tags: Arc::new(serde_json::Value::Object(serde_json::Map::new())),
         }
     }
 }

@@ -706,7 +706,7 @@ fn parse_props(
                 };
             }
             "tags" => match v {
-                Value::Object(_) | Value::Array(_) => s.tags = v.clone(),
+                Value::Object(_) | Value::Array(_) => s.tags = Arc::new(v.clone()),
                 _ => errs.push(path, FenceErrorKind::WrongType("a JSON object or array")),
             },
             "name" => match v {
@@ -845,7 +845,7 @@ fn props_json(s: &FenceSettings, name: Option<&str>, radius_m: Option<f64>) -> J
     if let Some(r) = radius_m {
         p.insert("radius_m".into(), num(r));
     }
-    p.insert("tags".into(), s.tags.clone());
+    p.insert("tags".into(), (*s.tags).clone());
     if let Some(n) = name {
         p.insert("name".into(), Value::String(n.to_string()));
     }

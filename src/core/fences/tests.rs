@@ -94,7 +94,7 @@ fn all_properties_parse_and_normalize() {
     assert_eq!(s.confirm_within, Dur::from_mins(2));
     assert_eq!(s.stale_after, None);
     assert_eq!(s.max_accuracy_m, Some(50.0));
-    assert_eq!(s.tags, json!({"site": "depot"}));
+    assert_eq!(*s.tags, json!({"site": "depot"}));
     assert_eq!(f.name.as_deref(), Some("Depot 3"));
 }
 
