@@ -87,45 +87,67 @@ pub struct Pair {
     pub fence: FenceIdx,
     /// Generation of this record's timer: a wheel entry is live only while it carries this value.
     pub timer_gen: u32,
-    /// Low 32 bits of the tick the live wheel entry is due at (meaningful unless `timer_state`
-    /// is [`TimerState::None`]).
-    timer_lo: u32,
+    /// The outstanding wheel entry: the low 24 bits of its due tick and, above them, its
+    /// [`TimerState`] (see [`Pair::timer_is`]).
+    timer: u32,
     /// Visit start while INSIDE; the pending ENTER run's first fix while OUTSIDE.
-    entered_at: Ts,
+    entered: Ts48,
     /// First and last fix of the pending run (ENTER run when OUTSIDE, EXIT run when INSIDE).
-    vote_first: Ts,
-    vote_last: Ts,
-    /// Length of the pending run; 0 = none.
-    votes: u8,
-    /// Whether a visit is open.
-    inside: bool,
-    /// Thresholds `0..evaluated` have had their deadline pass.
-    evaluated: u8,
-    /// Whether a wheel entry is outstanding, and whether `timer_lo` identifies its tick.
-    timer_state: TimerState,
+    first: Ts48,
+    last: Ts48,
     /// Thresholds already emitted in this visit.
     fired: u16,
     /// Evaluated thresholds that were STALE at their deadline and not yet released by a fix.
     stale: u16,
+    /// Length of the pending run (0 = none; at most `MAX_CONFIRM` < 128) and, in the top bit,
+    /// whether a visit is open.
+    votes_inside: u8,
+    /// Thresholds `0..evaluated` have had their deadline pass.
+    evaluated: u8,
 }
 
-/// What a pair record knows of its outstanding wheel entry.
+/// The top bit of `Pair::votes_inside`.
+const INSIDE: u8 = 0x80;
+
+/// A valid [`Ts`] (0 ..= year 9999, under 2^48 ms) in 6 bytes with 2-byte alignment, so that
+/// three of them and the record's other fields pack into 40 bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Ts48([u16; 3]);
+
+impl Ts48 {
+    fn new(t: Ts) -> Ts48 {
+        debug_assert!((Ts::MIN..=Ts::MAX).contains(&t), "{t:?} is not a valid Ts");
+        let v = t.0.clamp(Ts::MIN.0, Ts::MAX.0) as u64;
+        Ts48([v as u16, (v >> 16) as u16, (v >> 32) as u16])
+    }
+
+    fn get(self) -> Ts {
+        let [a, b, c] = self.0;
+        Ts((u64::from(a) | u64::from(b) << 16 | u64::from(c) << 32) as i64)
+    }
+}
+
+/// What a pair record knows of its outstanding wheel entry (stored above the low 24 bits of
+/// `Pair::timer`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 enum TimerState {
     /// No entry is outstanding.
     None,
-    /// An entry is outstanding, due less than 2^31 ticks after the wheel's tick when it was
-    /// scheduled: `timer_lo` identifies it (see [`Pair::timer_is`]).
+    /// An entry is outstanding, due less than 2^23 ticks after the wheel's tick when it was
+    /// scheduled: the low bits identify it (see [`Pair::timer_is`]).
     Near,
     /// An entry is outstanding, further ahead than that: its tick is not remembered, and a
-    /// reschedule always replaces it (rare: thresholds beyond 2^31 ticks).
+    /// reschedule always replaces it (rare: 2^23 ticks are 97 days at the default 1 s tick).
     Far,
 }
 
+/// Bits of the due tick kept in `Pair::timer`.
+const LOW_BITS: u32 = 24;
+const LOW_MASK: u32 = (1 << LOW_BITS) - 1;
 /// Half the range of the stored low bits: a due tick within this distance of the wheel's tick
-/// is recovered exactly from its low 32 bits.
-const NEAR: u64 = 1 << 31;
+/// is recovered exactly from its low bits.
+const NEAR: u64 = 1 << (LOW_BITS - 1);
 
 /// The durable part of a pair record: its visit, pending run, and per-threshold state. The
 /// record's place in memory and its timer are not stored: the timer is derived from the state
@@ -168,23 +190,31 @@ pub struct PairView {
 }
 
 impl Pair {
+    fn timer_state(&self) -> TimerState {
+        match self.timer >> LOW_BITS {
+            0 => TimerState::None,
+            1 => TimerState::Near,
+            _ => TimerState::Far,
+        }
+    }
+
     /// Whether a wheel entry is outstanding for this record.
     pub fn has_timer(&self) -> bool {
-        self.timer_state != TimerState::None
+        self.timer_state() != TimerState::None
     }
 
     /// Whether the outstanding entry is provably due at `due`, the wheel's tick being `now`
-    /// (`None`: whether no entry is outstanding). A `Near` entry was due less than 2^31 ticks after
-    /// the tick it was scheduled at, so it is due before `now + 2^31`; and it is due after
-    /// `now - 2^31` unless the wheel carried it for 2^31 ticks. Within that window of 2^32 ticks
-    /// the low 32 bits name one tick, so equal low bits mean the same tick. Should the window be
+    /// (`None`: whether no entry is outstanding). A `Near` entry was due less than 2^23 ticks
+    /// after the tick it was scheduled at, so it is due before `now + 2^23`; and it is due after
+    /// `now - 2^23` unless the wheel carried it for 2^23 ticks. Within that window of 2^24 ticks
+    /// the low 24 bits name one tick, so equal low bits mean the same tick. Should the window be
     /// exceeded, the answer can only be a wrong "yes" for an entry due *earlier* than `due`, which
     /// fires early and makes the engine re-check and reschedule: never a late event.
     pub fn timer_is(&self, due: Option<u64>, now: u64) -> bool {
-        match (self.timer_state, due) {
+        match (self.timer_state(), due) {
             (TimerState::None, None) => true,
             (TimerState::Near, Some(due)) => {
-                due.wrapping_sub(now) < NEAR && due as u32 == self.timer_lo
+                due.wrapping_sub(now) < NEAR && (due as u32 & LOW_MASK) == (self.timer & LOW_MASK)
             }
             _ => false,
         }
@@ -192,18 +222,27 @@ impl Pair {
 
     /// Records the entry just scheduled at `due` (`None`: no entry), the wheel's tick being `now`.
     pub fn set_timer(&mut self, due: Option<u64>, now: u64) {
-        match due {
-            None => self.timer_state = TimerState::None,
-            Some(due) => {
-                // Truncation is the point: see `timer_is`.
-                self.timer_lo = due as u32;
-                self.timer_state = if due.wrapping_sub(now) < NEAR {
-                    TimerState::Near
-                } else {
-                    TimerState::Far
-                };
+        self.timer = match due {
+            None => (TimerState::None as u32) << LOW_BITS,
+            // Truncation is the point: see `timer_is`.
+            Some(due) if due.wrapping_sub(now) < NEAR => {
+                (TimerState::Near as u32) << LOW_BITS | (due as u32 & LOW_MASK)
             }
-        }
+            Some(_) => (TimerState::Far as u32) << LOW_BITS,
+        };
+    }
+
+    fn votes(&self) -> u8 {
+        self.votes_inside & !INSIDE
+    }
+
+    fn set_votes(&mut self, votes: u8) {
+        debug_assert!(votes < INSIDE);
+        self.votes_inside = (self.votes_inside & INSIDE) | votes.min(INSIDE - 1);
+    }
+
+    fn set_inside(&mut self, inside: bool) {
+        self.votes_inside = self.votes() | if inside { INSIDE } else { 0 };
     }
 
     /// A pair that has just seen its first inside fix at `ts`. Emits ENTER at once when
@@ -214,22 +253,21 @@ impl Pair {
         ts: Ts,
         out: &mut impl FnMut(PairOutput),
     ) -> Pair {
+        let t = Ts48::new(ts);
         let mut p = Pair {
             link: 0,
             fence,
             timer_gen: 0,
-            timer_lo: 0,
-            timer_state: TimerState::None,
-            entered_at: ts,
-            vote_first: ts,
-            vote_last: ts,
-            votes: 1,
-            inside: false,
+            timer: 0,
+            entered: t,
+            first: t,
+            last: t,
+            votes_inside: 1,
             evaluated: 0,
             fired: 0,
             stale: 0,
         };
-        if p.votes >= s.enter_confirm.max(1) {
+        if p.votes() >= s.enter_confirm.max(1) {
             p.confirm_enter(s, out);
         }
         p
@@ -238,11 +276,11 @@ impl Pair {
     /// The durable state of this record.
     pub fn state(&self) -> PairState {
         PairState {
-            entered_at: self.entered_at.0,
-            vote_first: self.vote_first.0,
-            vote_last: self.vote_last.0,
-            votes: self.votes,
-            inside: self.inside,
+            entered_at: self.entered.get().0,
+            vote_first: self.first.get().0,
+            vote_last: self.last.get().0,
+            votes: self.votes(),
+            inside: self.is_inside(),
             evaluated: self.evaluated,
             fired: self.fired,
             stale: self.stale,
@@ -254,39 +292,40 @@ impl Pair {
     pub fn from_state(fence: FenceIdx, st: &PairState, s: &FenceSettings) -> Pair {
         let n = s.dwell.len().min(16);
         let mask = if n >= 16 { u16::MAX } else { (1u16 << n) - 1 };
-        Pair {
+        let mut p = Pair {
             link: 0,
             fence,
             timer_gen: 0,
-            timer_lo: 0,
-            timer_state: TimerState::None,
-            entered_at: Ts(st.entered_at),
-            vote_first: Ts(st.vote_first),
-            vote_last: Ts(st.vote_last),
-            votes: st.votes,
-            inside: st.inside,
+            timer: 0,
+            entered: Ts48::new(Ts(st.entered_at)),
+            first: Ts48::new(Ts(st.vote_first)),
+            last: Ts48::new(Ts(st.vote_last)),
+            votes_inside: 0,
             evaluated: st.evaluated.min(n as u8),
             fired: st.fired & mask,
             stale: st.stale & mask,
-        }
+        };
+        p.set_votes(st.votes.min(INSIDE - 1));
+        p.set_inside(st.inside);
+        p
     }
 
     /// Whether a visit is open.
     pub fn is_inside(&self) -> bool {
-        self.inside
+        self.votes_inside & INSIDE != 0
     }
 
     /// Visit start (or pending ENTER run start).
     pub fn entered_at(&self) -> Ts {
-        self.entered_at
+        self.entered.get()
     }
 
     fn deadline(&self, s: &FenceSettings, j: usize) -> Ts {
-        self.entered_at.plus(s.dwell[j])
+        self.entered.get().plus(s.dwell[j])
     }
 
     fn expiry(&self, s: &FenceSettings) -> Option<Ts> {
-        (self.votes > 0).then(|| self.vote_last.plus(s.confirm_within))
+        (self.votes() > 0).then(|| self.last.get().plus(s.confirm_within))
     }
 
     fn next_deadline(&self, s: &FenceSettings) -> Option<Ts> {
@@ -322,8 +361,8 @@ impl Pair {
                 (Some(d), Some(e)) if d <= e => self.evaluate(s, d, last_applied, out),
                 (_, Some(_)) => {
                     // The pending run expired: no confirming fix came within confirm_within.
-                    self.votes = 0;
-                    if !self.inside {
+                    self.set_votes(0);
+                    if !self.is_inside() {
                         return Alive::No;
                     }
                     self.try_fire(s, out);
@@ -366,72 +405,72 @@ impl Pair {
         class: FixClass,
         out: &mut impl FnMut(PairOutput),
     ) -> Alive {
-        if self.inside {
+        if self.is_inside() {
             if class == FixClass::Outside {
                 self.vote(ts);
-                if self.votes >= s.exit_confirm.max(1) {
+                if self.votes() >= s.exit_confirm.max(1) {
                     // Thresholds still unfired die with the visit: a STALE one waited for a fix that
                     // does not count as outside, and one held by this run had its deadline after
                     // the EXIT time.
                     out(PairOutput::Exit {
-                        entered_at: self.entered_at,
-                        at: self.vote_first,
+                        entered_at: self.entered.get(),
+                        at: self.first.get(),
                     });
-                    self.inside = false;
-                    self.votes = 0;
+                    self.set_inside(false);
+                    self.set_votes(0);
                     return Alive::No;
                 }
             } else {
                 // Inside, or within the exit buffer: breaks an EXIT run and releases every
                 // threshold that was waiting because the device was STALE at its deadline.
-                self.votes = 0;
+                self.set_votes(0);
                 self.stale = 0;
                 self.try_fire(s, out);
             }
             Alive::Yes
         } else if class == FixClass::Inside {
             self.vote(ts);
-            if self.votes == 1 {
+            if self.votes() == 1 {
                 // A fresh run: its first fix is the tentative visit start.
-                self.entered_at = ts;
+                self.entered = Ts48::new(ts);
                 self.evaluated = 0;
                 self.fired = 0;
             }
             // Like an inside fix of an open visit, a later fix of the run releases tentative
             // thresholds that were STALE at their deadline.
             self.stale = 0;
-            if self.votes >= s.enter_confirm.max(1) {
+            if self.votes() >= s.enter_confirm.max(1) {
                 self.confirm_enter(s, out);
             }
             Alive::Yes
         } else {
             // An outside fix breaks a pending ENTER run.
-            self.votes = 0;
+            self.set_votes(0);
             Alive::No
         }
     }
 
     fn vote(&mut self, ts: Ts) {
-        if self.votes == 0 {
-            self.vote_first = ts;
+        if self.votes() == 0 {
+            self.first = Ts48::new(ts);
         }
-        self.votes = self.votes.saturating_add(1);
-        self.vote_last = ts;
+        self.set_votes(self.votes().saturating_add(1));
+        self.last = Ts48::new(ts);
     }
 
     fn confirm_enter(&mut self, s: &FenceSettings, out: &mut impl FnMut(PairOutput)) {
-        self.inside = true;
-        self.votes = 0;
-        self.entered_at = self.vote_first;
+        self.set_inside(true);
+        self.set_votes(0);
+        self.entered = Ts48::new(self.first.get());
         out(PairOutput::Enter {
-            entered_at: self.entered_at,
+            entered_at: self.entered.get(),
         });
         self.try_fire(s, out);
     }
 
     /// Emits every evaluated, unfired threshold that nothing holds back.
     fn try_fire(&mut self, s: &FenceSettings, out: &mut impl FnMut(PairOutput)) {
-        if !self.inside {
+        if !self.is_inside() {
             return;
         }
         for j in 0..self.evaluated as usize {
@@ -439,12 +478,12 @@ impl Pair {
             if self.fired & bit != 0 || self.stale & bit != 0 {
                 continue;
             }
-            if self.votes > 0 && self.vote_first <= self.deadline(s, j) {
+            if self.votes() > 0 && self.first.get() <= self.deadline(s, j) {
                 continue;
             }
             self.fired |= bit;
             out(PairOutput::Dwell {
-                entered_at: self.entered_at,
+                entered_at: self.entered.get(),
                 threshold: s.dwell[j],
             });
         }
@@ -467,7 +506,7 @@ impl Pair {
             .and_then(|e| e.last().copied());
         let (mut fired, mut stale, mut evaluated) = (0u16, 0u16, 0u8);
         for (j, d) in new.iter().enumerate() {
-            let deadline = self.entered_at.plus(*d);
+            let deadline = self.entered.get().plus(*d);
             if passed.is_some_and(|p| *d <= p) || last_applied.is_some_and(|l| deadline < l) {
                 evaluated = j as u8 + 1;
                 if let Some(i) = old.iter().position(|o| o == d) {
@@ -493,9 +532,9 @@ impl Pair {
                 .collect()
         };
         PairView {
-            inside: self.inside,
-            entered_at: self.entered_at,
-            votes: self.votes,
+            inside: self.is_inside(),
+            entered_at: self.entered.get(),
+            votes: self.votes(),
             fired: pick(self.fired),
             waiting_stale: pick(self.stale & !self.fired),
             next_due: self.next_internal(s),
@@ -522,7 +561,7 @@ mod tests {
 
     fn run(p: &mut Pair, s: &FenceSettings, steps: &[(i64, Option<FixClass>)]) -> Vec<PairOutput> {
         let mut out = Vec::new();
-        let mut last = Some(p.entered_at);
+        let mut last = Some(p.entered_at());
         for &(t, class) in steps {
             let ts = Ts(t * 1000);
             p.catch_up(s, ts, last, &mut |o| out.push(o));
@@ -598,21 +637,47 @@ mod tests {
         let s = FenceSettings::default();
         let mut p = Pair::start(FenceIdx(0), &s, Ts(0), &mut |_| {});
         assert!(p.timer_is(None, 5) && !p.has_timer());
-        let now = u64::from(u32::MAX) - 10;
-        // Across the 32-bit wrap of the low bits.
-        p.set_timer(Some(now + 100), now);
-        assert!(p.has_timer());
-        assert!(p.timer_is(Some(now + 100), now));
-        assert!(p.timer_is(Some(now + 100), now + 50));
-        assert!(!p.timer_is(Some(now + 101), now));
-        assert!(!p.timer_is(None, now));
-        // Same low bits, 2^32 ticks apart: not the same tick.
-        assert!(!p.timer_is(Some(now + 100 + (1 << 32)), now + 50));
-        // A far timer is never taken for the same one, so it is always rescheduled.
-        p.set_timer(Some(now + (1 << 40)), now);
-        assert!(p.has_timer());
-        assert!(!p.timer_is(Some(now + (1 << 40)), now));
-        p.set_timer(None, now);
-        assert!(!p.has_timer() && p.timer_is(None, now));
+        for base in [0u64, (1 << 24) - 10, u64::from(u32::MAX) - 10, 1 << 40] {
+            // Across the wrap of the stored low bits.
+            p.set_timer(Some(base + 100), base);
+            assert!(p.has_timer());
+            assert!(p.timer_is(Some(base + 100), base));
+            assert!(p.timer_is(Some(base + 100), base + 50));
+            assert!(!p.timer_is(Some(base + 101), base));
+            assert!(!p.timer_is(None, base));
+            // Same low bits, 2^24 ticks apart: not the same tick.
+            assert!(!p.timer_is(Some(base + 100 + (1 << 24)), base + 50));
+            // A far timer is never taken for the same one, so it is always rescheduled.
+            p.set_timer(Some(base + (1 << 23)), base);
+            assert!(p.has_timer());
+            assert!(!p.timer_is(Some(base + (1 << 23)), base));
+            p.set_timer(None, base);
+            assert!(!p.has_timer() && p.timer_is(None, base));
+        }
+    }
+
+    #[test]
+    fn packed_fields_round_trip() {
+        let s = FenceSettings::default();
+        for ts in [Ts::MIN, Ts(1_767_225_600_123), Ts::MAX] {
+            assert_eq!(Ts48::new(ts).get(), ts);
+        }
+        let st = PairState {
+            entered_at: Ts::MAX.0,
+            vote_first: 1,
+            vote_last: 2,
+            votes: 99,
+            inside: true,
+            evaluated: 3,
+            fired: 0b101,
+            stale: 0b10,
+        };
+        let s3 = FenceSettings {
+            dwell: vec![Dur::from_secs(1), Dur::from_secs(2), Dur::from_secs(3)],
+            ..s
+        };
+        let p = Pair::from_state(FenceIdx(0), &st, &s3);
+        assert_eq!(p.state(), st);
+        assert!(p.is_inside());
     }
 }

@@ -610,7 +610,7 @@ fn device_pages_walk_every_device_once_and_name_the_fences_it_is_inside() {
 #[test]
 fn record_sizes() {
     assert_eq!(std::mem::size_of::<records::Device>(), 32);
-    assert_eq!(std::mem::size_of::<Pair>(), 48);
+    assert_eq!(std::mem::size_of::<Pair>(), 40);
 }
 
 /// A square `d` degrees wide with its south-west corner at (10.0, 50.0).
