@@ -74,10 +74,11 @@ pub enum Alive {
     No,
 }
 
-/// A device-fence pair record: 48 bytes, one per live pair, so its size is a large part of what
+/// A device-fence pair record: 40 bytes, one per live pair, so its size is a large part of what
 /// a live pair costs. There is no `device` field: the engine threads a device's pairs into a
-/// list through `link`, whose last element names the device, and a timer's due tick is kept as
-/// its low 32 bits (see [`Pair::timer_is`]), so that the record stays at 48 bytes.
+/// list through `link`, whose last element names the device. The three times are 48-bit values
+/// ([`Ts48`]: every valid [`Ts`] is below 2^48 ms), the timer's due tick is kept as its low 24
+/// bits (see [`Pair::timer_is`]), and the open-visit flag is the top bit of the vote count.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pair {
     /// The next pair slot of the same device, or the device slot tagged with the engine's device
