@@ -4,10 +4,8 @@
 //! same workload in this one process, one after the other; see `docs/bench-wheel.md` for the
 //! method. Prints a markdown table and writes `target/bench/wheel.json`.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::{BTreeMap, BinaryHeap};
 use std::hint::black_box;
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
 
 use geodwell::core::time::Tick;
@@ -17,56 +15,13 @@ use serde_json::json;
 #[path = "common/out.rs"]
 mod benchout;
 
-// ---------------------------------------------------------------------------------------------
 // Allocation counting: live heap bytes, so "bytes per timer" includes every Vec's slack.
-
-struct Counting;
-
-static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: every method forwards to `System` with the caller's arguments unchanged, so `System`'s
-// guarantees carry over; the counter is bookkeeping only.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: forwarded as is.
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        }
-        p
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: forwarded as is.
-        let p = unsafe { System.alloc_zeroed(layout) };
-        if !p.is_null() {
-            LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE_BYTES.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: forwarded as is.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: forwarded as is.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            LIVE_BYTES.fetch_add(
-                new_size as isize - layout.size() as isize,
-                Ordering::Relaxed,
-            );
-        }
-        p
-    }
-}
+#[path = "common/counting_alloc.rs"]
+mod counting_alloc;
+use counting_alloc::{Counting, live_bytes};
 
 #[global_allocator]
 static ALLOC: Counting = Counting;
-
-fn live_bytes() -> isize {
-    LIVE_BYTES.load(Ordering::Relaxed)
-}
 
 // ---------------------------------------------------------------------------------------------
 // The workload.

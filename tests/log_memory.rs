@@ -15,58 +15,15 @@
 //! One test only: the counters are process-wide, and a second test running in parallel would
 //! show up in them.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicIsize, Ordering};
 
 use geodwell::core::event::Event;
 use geodwell::core::time::{Dur, Ts};
 use geodwell::events::{EventLog, JSON_CACHE};
 
-/// Passes every call to the system allocator and keeps the live byte and allocation counts.
-struct Counting;
-
-static BYTES: AtomicIsize = AtomicIsize::new(0);
-static BLOCKS: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: every method forwards to `System` with the caller's arguments unchanged; the counters
-// are only bookkeeping.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
-            BLOCKS.fetch_add(1, Ordering::Relaxed);
-        }
-        p
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc_zeroed(layout) };
-        if !p.is_null() {
-            BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
-            BLOCKS.fetch_add(1, Ordering::Relaxed);
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) };
-        BYTES.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        BLOCKS.fetch_sub(1, Ordering::Relaxed);
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            BYTES.fetch_add(
-                new_size as isize - layout.size() as isize,
-                Ordering::Relaxed,
-            );
-        }
-        p
-    }
-}
+#[path = "../benches/common/counting_alloc.rs"]
+mod counting_alloc;
+use counting_alloc::{Counting, live_blocks, live_bytes};
 
 #[global_allocator]
 static ALLOC: Counting = Counting;
@@ -88,7 +45,7 @@ fn per_event(total: u64, device: impl Fn(u64) -> String) -> (f64, f64, usize) {
         })
         .collect();
     let log = EventLog::new(CAPACITY, Dur::from_secs(86_400), 1);
-    let (bytes0, blocks0) = (BYTES.load(Ordering::SeqCst), BLOCKS.load(Ordering::SeqCst));
+    let (bytes0, blocks0) = (live_bytes(), live_blocks());
     let t0: i64 = 1_767_225_600_000; // 2026-01-01
     let mut n = 0u64;
     while n < total {
@@ -110,8 +67,8 @@ fn per_event(total: u64, device: impl Fn(u64) -> String) -> (f64, f64, usize) {
         drop(log.append(batch, Ts(t0 + n as i64)));
     }
     let held = log.len();
-    let bytes = BYTES.load(Ordering::SeqCst) - bytes0;
-    let blocks = BLOCKS.load(Ordering::SeqCst) - blocks0;
+    let bytes = live_bytes() - bytes0;
+    let blocks = live_blocks() - blocks0;
     drop(log);
     drop(fences);
     (
