@@ -427,19 +427,11 @@ impl Pending {
                         counter!(t::FIXES_DUPLICATE).increment(1);
                         report.duplicate += 1
                     }
-                    Err(e @ IngestError::BufferFull { .. }) => {
-                        counter!(t::FIXES_REJECTED, "reason" => "buffer_full").increment(1);
+                    Err(e) => {
+                        counter!(t::FIXES_REJECTED, "reason" => e.code()).increment(1);
                         report.errors.push(ItemError {
                             index,
-                            code: "buffer_full",
-                            message: e.to_string(),
-                        });
-                    }
-                    Err(e @ IngestError::TooManyDevices { .. }) => {
-                        counter!(t::FIXES_REJECTED, "reason" => "too_many_devices").increment(1);
-                        report.errors.push(ItemError {
-                            index,
-                            code: "too_many_devices",
+                            code: e.code(),
                             message: e.to_string(),
                         });
                     }

@@ -103,6 +103,17 @@ pub enum IngestError {
     },
 }
 
+impl IngestError {
+    /// The stable code an item error carries in API answers and the `reason` of the rejection
+    /// metric.
+    pub fn code(&self) -> &'static str {
+        match self {
+            IngestError::TooManyDevices { .. } => "too_many_devices",
+            IngestError::BufferFull { .. } => "buffer_full",
+        }
+    }
+}
+
 /// Result of a watermark advance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Advanced {
