@@ -333,15 +333,15 @@ impl Engine {
             for d in 0..self.devices.len() {
                 let mut touched = false;
                 let last = self.devices[d].last_applied();
-                let dev_id = self.ids.get(self.devices[d].id);
+                let id_at = self.devices[d].id;
                 for p in pair_slots(&self.devices, &self.pairs, d as u32) {
-                    let pair = &mut self.pairs[p as usize];
+                    let (ids, pair) = (&self.ids, &mut self.pairs[p as usize]);
                     if pair.fence == idx {
                         pair.remap_thresholds(
                             &old.settings.dwell,
                             &fence.settings,
                             last,
-                            &mut |o| out.push(to_event(o, dev_id, &fence)),
+                            &mut |o| out.push(to_event(o, ids.get(id_at), &fence)),
                         );
                         touched = true;
                     }
@@ -532,8 +532,7 @@ impl Engine {
                 .iter()
                 .map(|b| (b.ts.0, b.lat, b.lon, b.accuracy))
                 .collect(),
-            pairs: pair_slots(&self.devices, &self.pairs, d)
-                .into_iter()
+            pairs: pairs_of(&self.devices, &self.pairs, d)
                 .filter_map(|p| {
                     let pair = &self.pairs[p as usize];
                     let fence = self.fences.get(pair.fence)?;
@@ -630,8 +629,7 @@ impl Engine {
     pub fn device(&self, id: &str) -> Option<DeviceView> {
         let d = self.device_ids.get(&self.devices, &self.ids, id)?;
         let dev = &self.devices[d as usize];
-        let mut pairs: Vec<(Arc<str>, PairView)> = pair_slots(&self.devices, &self.pairs, d)
-            .into_iter()
+        let mut pairs: Vec<(Arc<str>, PairView)> = pairs_of(&self.devices, &self.pairs, d)
             .filter_map(|p| {
                 let pair = &self.pairs[p as usize];
                 let fence = self.fences.get(pair.fence)?;
@@ -658,8 +656,7 @@ impl Engine {
         let page = (start..end)
             .map(|d| {
                 let dev = &self.devices[d];
-                let mut inside: Vec<Arc<str>> = pair_slots(&self.devices, &self.pairs, d as u32)
-                    .into_iter()
+                let mut inside: Vec<Arc<str>> = pairs_of(&self.devices, &self.pairs, d as u32)
                     .filter_map(|p| {
                         let pair = &self.pairs[p as usize];
                         if !pair.is_inside() {
@@ -725,12 +722,13 @@ impl Engine {
     /// Processes internal events strictly before `bound` for every pair of device `d`.
     fn catch_up(&mut self, d: u32, bound: Ts, out: &mut Vec<Event>) {
         let last = self.devices[d as usize].last_applied();
+        let id_at = self.devices[d as usize].id;
         for p in pair_slots(&self.devices, &self.pairs, d) {
-            let dev_id = self.ids.get(self.devices[d as usize].id);
-            let pair = &mut self.pairs[p as usize];
+            let (ids, pair) = (&self.ids, &mut self.pairs[p as usize]);
             let alive = match self.fences.get(pair.fence) {
+                // The id is looked up only when an event is made: most steps make none.
                 Some(fence) => pair.catch_up(&fence.settings, bound, last, &mut |o| {
-                    out.push(to_event(o, dev_id, fence))
+                    out.push(to_event(o, ids.get(id_at), fence))
                 }),
                 None => Alive::No,
             };
@@ -749,9 +747,9 @@ impl Engine {
         dev.last_position = [b.lat, b.lon];
         let ignored = |f: &Fence| matches!((b.accuracy, f.settings.max_accuracy_m), (Some(a), Some(max)) if a > max);
 
+        let id_at = self.devices[d as usize].id;
         for p in pair_slots(&self.devices, &self.pairs, d) {
-            let dev_id = self.ids.get(self.devices[d as usize].id);
-            let pair = &mut self.pairs[p as usize];
+            let (ids, pair) = (&self.ids, &mut self.pairs[p as usize]);
             let Some(fence) = self.fences.get(pair.fence) else {
                 self.free_pair(d, p);
                 continue;
@@ -761,7 +759,7 @@ impl Engine {
             }
             let class = classify(fence, pair.is_inside(), b.lon, b.lat);
             let alive = pair.on_fix(&fence.settings, b.ts, class, &mut |o| {
-                out.push(to_event(o, dev_id, fence))
+                out.push(to_event(o, ids.get(id_at), fence))
             });
             if alive == Alive::No {
                 self.free_pair(d, p);
@@ -772,9 +770,8 @@ impl Engine {
         candidates.clear();
         self.fences.candidates(b.lon, b.lat, &mut candidates);
         for &idx in &candidates {
-            let has_pair = pair_slots(&self.devices, &self.pairs, d)
-                .iter()
-                .any(|&p| self.pairs[p as usize].fence == idx);
+            let has_pair = pairs_of(&self.devices, &self.pairs, d)
+                .any(|p| self.pairs[p as usize].fence == idx);
             if has_pair {
                 continue;
             }
@@ -784,9 +781,9 @@ impl Engine {
             if ignored(fence) || !fence.contains(b.lon, b.lat) {
                 continue;
             }
-            let dev_id = self.ids.get(self.devices[d as usize].id);
+            let ids = &self.ids;
             let pair = Pair::start(idx, &fence.settings, b.ts, &mut |o| {
-                out.push(to_event(o, dev_id, fence))
+                out.push(to_event(o, ids.get(id_at), fence))
             });
             self.insert_pair(d, pair);
         }
@@ -1008,15 +1005,18 @@ fn entry_live(k: TimerKey, pairs: &[Pair], reorders: &Reorders) -> bool {
     }
 }
 
-/// Device `d`'s pair slots in list order. A copy, because the loops over them free pairs.
+/// Device `d`'s pair slots in list order, walking the links.
+fn pairs_of<'a>(devices: &[Device], pairs: &'a [Pair], d: u32) -> impl Iterator<Item = u32> + 'a {
+    // A link with the device bit (or `NO_PAIR`) ends the list.
+    let slot = |link: u32| (link & DEVICE_BIT == 0).then_some(link);
+    std::iter::successors(slot(devices[d as usize].first_pair), move |&p| {
+        slot(pairs[p as usize].link)
+    })
+}
+
+/// Device `d`'s pair slots in list order: a copy, for the loops that free or insert pairs.
 fn pair_slots(devices: &[Device], pairs: &[Pair], d: u32) -> SmallVec<[u32; 8]> {
-    let mut out = SmallVec::new();
-    let mut cur = devices[d as usize].first_pair;
-    while cur & DEVICE_BIT == 0 {
-        out.push(cur);
-        cur = pairs[cur as usize].link;
-    }
-    out
+    pairs_of(devices, pairs, d).collect()
 }
 
 /// The device whose list holds pair `slot`: the tag at the end of the list.
