@@ -39,14 +39,15 @@ use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use geodwell::config::Config;
-use geodwell::core::engine::{DeviceState, Engine, EngineConfig, Restored};
-use geodwell::core::event::Event;
-use geodwell::core::fences::{Fence, FenceSettings, parse_fences_str};
-use geodwell::core::fix::Fix;
-use geodwell::core::time::{Dur, Ts};
 use geodwell::events::{CompactEvent, EventLog, Interner, LoggedEvent};
 use geodwell::ingest::shard_of;
 use geodwell::store::{Batch, Durability, FILE_NAME, Store};
+use geodwell_core::engine::{DeviceState, Engine, EngineConfig, Restored};
+use geodwell_core::event::Event;
+use geodwell_core::fences::{Fence, FenceSettings, parse_fences_str};
+use geodwell_core::fix::Fix;
+use geodwell_core::time::{Dur, Ts};
+use geodwell_sim::rng::Rng;
 use serde_json::{Value, json};
 
 #[path = "common/out.rs"]
@@ -59,25 +60,6 @@ const WINDOW_MS: i64 = 300_000;
 const M_PER_DEG: f64 = Fence::M_PER_DEG;
 const DEVICES_PER_COMMIT: usize = 50_000;
 const GOAL_WARM_S: f64 = 3.0;
-
-/// xorshift64* PRNG: deterministic, dependency-free.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    /// Uniform in [0, 1).
-    fn f(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn range(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * self.f()
-    }
-}
 
 struct Args {
     pairs: usize,
@@ -250,7 +232,7 @@ fn square(
     lat: f64,
     half_m: f64,
     settings: &FenceSettings,
-    limits: &geodwell::core::fences::FenceLimits,
+    limits: &geodwell_core::fences::FenceLimits,
 ) -> Fence {
     let (w, s) = offset(lon, lat, -half_m, -half_m);
     let (e, n) = offset(lon, lat, half_m, half_m);
@@ -260,7 +242,7 @@ fn square(
 
 /// Three overlapping fences per cluster: A, a 300 m square at the centre; B, a 120 m circle
 /// 90 m east; C, a 160 m square 30 m east and 70 m north.
-fn cluster_fences(clusters: usize, limits: &geodwell::core::fences::FenceLimits) -> Vec<Fence> {
+fn cluster_fences(clusters: usize, limits: &geodwell_core::fences::FenceLimits) -> Vec<Fence> {
     let mut out = Vec::with_capacity(clusters * 3);
     for c in 0..clusters {
         let (lon, lat) = cluster_centre(c);
@@ -332,7 +314,7 @@ fn build_state(target_pairs: usize, cfg: &Config) -> Built {
     for f in &fences {
         engine.upsert_fence(Arc::new(f.clone()), &mut sink);
     }
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut rng = Rng::new(0x9E37_79B9_7F4A_7C15);
     let mut tail: VecDeque<Event> = VecDeque::with_capacity(cfg.log_capacity + 1);
     let mut out = Vec::new();
     let mut keep = |engine: &mut Engine, out: &mut Vec<Event>| {
@@ -346,8 +328,8 @@ fn build_state(target_pairs: usize, cfg: &Config) -> Built {
     };
     let mut positions = Vec::with_capacity(n);
     for i in 0..n {
-        let c = (rng.next() % clusters as u64) as usize;
-        let class = match rng.f() {
+        let c = (rng.next_u64() % clusters as u64) as usize;
+        let class = match rng.unit() {
             x if x < 0.05 => 0,
             x if x < 0.35 => 1,
             x if x < 0.70 => 2,

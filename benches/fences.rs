@@ -14,7 +14,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Instant;
 
-use geodwell::core::fences::{Fence, FenceIdx, FenceIndex, FenceLimits, FenceSettings};
+use geodwell_core::fences::{Fence, FenceIdx, FenceIndex, FenceLimits, FenceSettings};
 
 #[path = "common/fencegen.rs"]
 mod fencegen;
@@ -123,7 +123,7 @@ fn main() {
         .max(100);
     let limits = FenceLimits::default();
     // One PRNG stream per data set, so the fences do not depend on the number of fixes.
-    let stream = |k: u64| Rng(0x9E37_79B9_7F4A_7C15 ^ k.wrapping_mul(0xD1B5_4A32_D192_ED03));
+    let stream = |k: u64| Rng::stream(0x9E37_79B9_7F4A_7C15, k);
 
     let small = small_fences(&mut stream(1), 10_000);
     let sfix = small_fixes(&mut stream(2), fixes_n, &small);

@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use geodwell::core::fences::{Fence, FenceIdx, FenceIndex, FenceLimits, FenceSettings};
+use geodwell_core::fences::{Fence, FenceIdx, FenceIndex, FenceLimits, FenceSettings};
 use robust::{Coord, orient2d};
 use serde_json::{Value, json};
 
@@ -48,7 +48,7 @@ mod benchout;
 /// One PRNG stream per data set (the seeds of benches/fences.rs), so the fences do not depend
 /// on the number of fixes and the fixes of `--points N` are those of `fences --fixes N`.
 fn stream(k: u64) -> Rng {
-    Rng(0x9E37_79B9_7F4A_7C15 ^ k.wrapping_mul(0xD1B5_4A32_D192_ED03))
+    Rng::stream(0x9E37_79B9_7F4A_7C15, k)
 }
 
 const MIXES: [&str; 2] = ["small", "large"];
@@ -93,8 +93,8 @@ fn mix_probes(mix: &str, fences: &[(String, Rings)]) -> Vec<[f64; 2]> {
     let mut out = Vec::with_capacity(fences.len() * per_fence * 3);
     for (_, rings) in fences {
         for _ in 0..per_fence {
-            let ring = &rings[rng.usize(0, rings.len() - 1)];
-            let k = rng.usize(0, ring.len() - 2);
+            let ring = &rings[rng.below(rings.len() as u64) as usize];
+            let k = rng.below(ring.len() as u64 - 1) as usize;
             let (a, b) = (ring[k], ring[k + 1]);
             let mid = [0.5 * (a[0] + b[0]), 0.5 * (a[1] + b[1])];
             out.extend([a, mid, [mid[0].next_up(), mid[1]]]);

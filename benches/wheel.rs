@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use geodwell::core::time::Tick;
-use geodwell::core::wheel::{Fired, TimerKey, Wheel};
+use geodwell_core::time::Tick;
+use geodwell_core::wheel::{Fired, TimerKey, Wheel};
 use serde_json::json;
 
 #[path = "common/out.rs"]

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use thiserror::Error;
 
 use crate::auth::ApiKey;
-use crate::core::time::Dur;
+use geodwell_core::time::Dur;
 
 /// The documented default configuration, compiled in.
 pub const DEFAULT_TOML: &str = include_str!("../config/geodwell.toml");

@@ -14,13 +14,13 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 
 use crate::config::ClockMode;
-use crate::core::engine::{IngestError, Ingested};
-use crate::core::fix::Fix;
-use crate::core::time::Ts;
 use crate::events::publisher::PublishError;
 use crate::shard::{ShardMsg, StampedFix};
 use crate::state::AppState;
 use crate::telemetry as t;
+use geodwell_core::engine::{IngestError, Ingested};
+use geodwell_core::fix::Fix;
+use geodwell_core::time::Ts;
 
 /// One rejected item.
 #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
@@ -456,9 +456,9 @@ mod tests {
 
     use super::*;
     use crate::config::Config;
-    use crate::core::time::Dur;
     use crate::events::EventLog;
     use crate::shard::WallClock;
+    use geodwell_core::time::Dur;
 
     fn state(queue: usize) -> (AppState, Vec<mpsc::Receiver<ShardMsg>>) {
         let cfg = Config::load(

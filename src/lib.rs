@@ -23,12 +23,10 @@
 
 pub mod auth;
 pub mod config;
-pub mod core;
 pub mod events;
 pub mod http;
 pub mod ingest;
 pub mod shard;
-pub mod sim;
 pub mod state;
 pub mod store;
 pub mod telemetry;
@@ -48,15 +46,15 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{ClockMode, Config, DurabilityMode};
-use crate::core::engine::{DeviceState, Engine, EngineConfig, Restored};
-use crate::core::fences::{Fence, FenceErrors, FenceLimits, parse_fences_str};
-use crate::core::time::Ts;
 use crate::events::EventLog;
 use crate::events::publisher::{PublisherCfg, Step};
 use crate::events::{CompactEvent, Interner, JSON_CACHE, LoggedEvent};
 use crate::shard::{ShardCtx, WallClock};
 use crate::state::AppState;
 use crate::store::{Durability, Store, StoreError};
+use geodwell_core::engine::{DeviceState, Engine, EngineConfig, Restored};
+use geodwell_core::fences::{Fence, FenceErrors, FenceLimits, parse_fences_str};
+use geodwell_core::time::Ts;
 
 /// Why the service could not start or stopped with an error.
 #[derive(Debug, Error)]

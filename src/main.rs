@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use geodwell::config::{ClockMode, Config};
-use geodwell::core::time::Dur;
+use geodwell_core::time::Dur;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
@@ -84,7 +84,7 @@ struct SimArgs {
     seed: u64,
     /// Transport: http (NDJSON batches) or ws (WebSocket ingest).
     #[arg(long, value_enum, default_value = "http")]
-    transport: geodwell::sim::run::Transport,
+    transport: geodwell_sim::run::Transport,
     /// Parallel connections.
     #[arg(long, default_value_t = 1)]
     connections: usize,
@@ -247,15 +247,15 @@ fn real_main() -> anyhow::Result<()> {
 }
 
 async fn simulate(a: SimArgs) -> anyhow::Result<()> {
-    use geodwell::sim::fleet::{FleetSpec, LayoutSpec, generate_fences};
-    use geodwell::sim::run::{Pace, SimOptions};
+    use geodwell_sim::fleet::{FleetSpec, LayoutSpec, generate_fences};
+    use geodwell_sim::run::{Pace, SimOptions};
     use std::sync::Arc;
 
-    let fences: Vec<Arc<geodwell::core::fences::Fence>> = match &a.fences_file {
+    let fences: Vec<Arc<geodwell_core::fences::Fence>> = match &a.fences_file {
         Some(p) => {
             let text = std::fs::read_to_string(p)
                 .with_context(|| format!("cannot read {}", p.display()))?;
-            geodwell::core::fences::parse_fences_str(&text, &Default::default())
+            geodwell_core::fences::parse_fences_str(&text, &Default::default())
                 .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?
                 .into_iter()
                 .map(Arc::new)
@@ -284,8 +284,8 @@ async fn simulate(a: SimArgs) -> anyhow::Result<()> {
     }
     let explicit_start = match &a.start {
         Some(s) => Some(match s.parse::<i64>() {
-            Ok(ms) => geodwell::core::time::Ts(ms),
-            Err(_) => geodwell::core::time::Ts::parse_rfc3339(s)
+            Ok(ms) => geodwell_core::time::Ts(ms),
+            Err(_) => geodwell_core::time::Ts::parse_rfc3339(s)
                 .map_err(|e| anyhow::anyhow!("--start: {e}"))?,
         }),
         None => None,
@@ -295,7 +295,7 @@ async fn simulate(a: SimArgs) -> anyhow::Result<()> {
         return write_trace(dir, spec, &fences, a.fixes.unwrap_or(100_000));
     }
     spec.start = explicit_start
-        .unwrap_or_else(|| geodwell::core::time::Ts(chrono::Utc::now().timestamp_millis()));
+        .unwrap_or_else(|| geodwell_core::time::Ts(chrono::Utc::now().timestamp_millis()));
     let pace = match (a.max, a.rate, a.replay_speed) {
         (true, _, _) => Pace::Max,
         (_, Some(r), _) if r > 0.0 => Pace::Rate(r),
@@ -325,7 +325,7 @@ async fn simulate(a: SimArgs) -> anyhow::Result<()> {
         wait_for_signal().await;
         trigger.cancel();
     });
-    let report = geodwell::sim::run::run(&opts, spec, fences, cancel).await?;
+    let report = geodwell_sim::run::run(&opts, spec, fences, cancel).await?;
     print!("{}", report.render());
     if let Some(p) = &a.report {
         std::fs::write(p, serde_json::to_vec_pretty(&report)?)
@@ -337,16 +337,16 @@ async fn simulate(a: SimArgs) -> anyhow::Result<()> {
 /// Writes `fences.geojson` and `fixes.ndjson` (the first `n` fixes) into `dir`.
 fn write_trace(
     dir: &std::path::Path,
-    spec: geodwell::sim::fleet::FleetSpec,
-    fences: &[std::sync::Arc<geodwell::core::fences::Fence>],
+    spec: geodwell_sim::fleet::FleetSpec,
+    fences: &[std::sync::Arc<geodwell_core::fences::Fence>],
     n: u64,
 ) -> anyhow::Result<()> {
     use std::io::Write;
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let fc = geodwell::sim::fleet::feature_collection(fences);
+    let fc = geodwell_sim::fleet::feature_collection(fences);
     std::fs::write(dir.join("fences.geojson"), serde_json::to_vec(&fc)?)?;
     let prefix = spec.prefix.clone();
-    let fleet = geodwell::sim::fleet::Fleet::new(spec, fences)?;
+    let fleet = geodwell_sim::fleet::Fleet::new(spec, fences)?;
     let file = std::fs::File::create(dir.join("fixes.ndjson"))?;
     let mut out = std::io::BufWriter::new(file);
     let mut line = Vec::with_capacity(128);

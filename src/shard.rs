@@ -15,13 +15,15 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ClockMode;
-use crate::core::engine::{DeviceSummary, DeviceView, Engine, EngineStats, IngestError, Ingested};
-use crate::core::event::Event;
-use crate::core::fences::Fence;
-use crate::core::fix::Fix;
-use crate::core::time::{Dur, Ts};
 use crate::events::publisher::{Publisher, Step, StepReply};
 use crate::telemetry as t;
+use geodwell_core::engine::{
+    DeviceSummary, DeviceView, Engine, EngineStats, IngestError, Ingested,
+};
+use geodwell_core::event::Event;
+use geodwell_core::fences::Fence;
+use geodwell_core::fix::Fix;
+use geodwell_core::time::{Dur, Ts};
 
 /// Wall time derived from one (SystemTime, Instant) origin: monotonic, so it never jumps back and
 /// a deadline in wall time maps onto an exact `Instant`.
@@ -141,7 +143,7 @@ struct Waiting {
     outcomes: Vec<FixOutcome>,
     arrived: Instant,
     request: (u64, u32),
-    max_ts: Option<crate::core::time::Ts>,
+    max_ts: Option<geodwell_core::time::Ts>,
 }
 
 /// Runs a shard until shutdown; drains queued messages before returning.

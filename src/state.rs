@@ -15,11 +15,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
-use crate::core::fences::{Fence, FenceLimits};
-use crate::core::time::Ts;
 use crate::events::EventLog;
 use crate::events::publisher::Publisher;
 use crate::shard::{ShardMsg, WallClock};
+use geodwell_core::fences::{Fence, FenceLimits};
+use geodwell_core::time::Ts;
 
 /// Shared state.
 #[derive(Debug)]

@@ -17,9 +17,9 @@
 
 use std::sync::Arc;
 
-use geodwell::core::event::Event;
-use geodwell::core::time::{Dur, Ts};
 use geodwell::events::{EventLog, JSON_CACHE};
+use geodwell_core::event::Event;
+use geodwell_core::time::{Dur, Ts};
 
 #[path = "../benches/common/counting_alloc.rs"]
 mod counting_alloc;

@@ -1,6 +1,6 @@
 //! Issue 3 acceptance: a multi-day fleet trace replayed through `POST /v1/fixes` in `event` mode
 //! gives exactly the events DESIGN sections 2-4 define (checked against the naive reference in
-//! `geodwell::core::reference`), the same whether the fixes arrive in order in a few large JSON
+//! `geodwell_core::reference`), the same whether the fixes arrive in order in a few large JSON
 //! batches or shuffled within the lateness in many small NDJSON batches.
 //!
 //! No real fleet trace can be fetched on these machines, so the trace is generated, seeded, with
@@ -16,30 +16,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use geodwell::core::fences::{Fence, FenceLimits};
-use geodwell::core::fix::Fix;
-use geodwell::core::time::{Dur, Ts};
+use geodwell_core::fences::{Fence, FenceLimits};
+use geodwell_core::fix::Fix;
+use geodwell_core::time::{Dur, Ts};
+use geodwell_sim::rng::Rng;
 use serde_json::{Value, json};
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn range(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * self.unit()
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// (id, lon, lat, feature)
 fn fences() -> Vec<(String, f64, f64, Value)> {
@@ -143,7 +124,7 @@ fn jitter(rng: &mut Rng, lon: f64, lat: f64, metres: f64) -> (f64, f64) {
 }
 
 fn trace(seed: u64, trucks: usize, days: i64) -> Vec<Value> {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let places = fences();
     let depots = [&places[0], &places[1]];
     let stops: Vec<&(String, f64, f64, Value)> = places[2..8].iter().collect();
@@ -322,7 +303,7 @@ async fn a_multi_day_fleet_trace_gives_the_defined_events_whatever_the_arrival()
         .max()
         .unwrap()
         .minus(lateness);
-    let reference = geodwell::core::reference::expected_events(&fence_objs, &core_fixes, w_final);
+    let reference = geodwell_core::reference::expected_events(&fence_objs, &core_fixes, w_final);
     let expected: BTreeSet<String> = reference
         .iter()
         .map(|e| {
@@ -356,7 +337,7 @@ async fn a_multi_day_fleet_trace_gives_the_defined_events_whatever_the_arrival()
     assert_eq!(a, expected, "in order vs reference");
 
     // Shuffled within the lateness, many small NDJSON batches.
-    let mut rng = Rng(42);
+    let mut rng = Rng::new(42);
     let mut arrival: Vec<(i64, usize)> = fixes
         .iter()
         .enumerate()

@@ -11,12 +11,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::start;
-use geodwell::core::fences::Fence;
-use geodwell::core::fix::Fix;
-use geodwell::core::reference::expected_events;
-use geodwell::core::time::{Dur, Ts};
-use geodwell::sim::fleet::{Fleet, FleetSpec, LayoutSpec, generate_fences};
-use geodwell::sim::run::{Pace, SimOptions, Transport, run};
+use geodwell_core::fences::Fence;
+use geodwell_core::fix::Fix;
+use geodwell_core::reference::expected_events;
+use geodwell_core::time::{Dur, Ts};
+use geodwell_sim::fleet::{Fleet, FleetSpec, LayoutSpec, generate_fences};
+use geodwell_sim::run::{Pace, SimOptions, Transport, run};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 

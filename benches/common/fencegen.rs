@@ -3,29 +3,8 @@
 //! the fence benchmark measures. Included with `#[path]`; each bench uses a subset.
 #![allow(dead_code)]
 
-use geodwell::core::fences::Fence;
-
-/// xorshift64* PRNG: deterministic, dependency-free.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    /// Uniform in [0, 1).
-    pub fn f(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    pub fn range(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * self.f()
-    }
-    pub fn usize(&mut self, lo: usize, hi_incl: usize) -> usize {
-        lo + (self.next() % (hi_incl - lo + 1) as u64) as usize
-    }
-}
+use geodwell_core::fences::Fence;
+pub use geodwell_sim::rng::Rng;
 
 pub const M_PER_DEG: f64 = Fence::M_PER_DEG;
 
@@ -63,8 +42,8 @@ pub fn small_fences(rng: &mut Rng, count: usize) -> Vec<SmallFence> {
     let mut out: Vec<SmallFence> = Vec::with_capacity(count);
     for i in 0..count {
         // 5% share a previous fence's centre (nested/overlapping sites); the rest are uniform.
-        let (lon, lat) = if i > 0 && rng.f() < 0.05 {
-            let j = rng.usize(0, i - 1);
+        let (lon, lat) = if i > 0 && rng.unit() < 0.05 {
+            let j = rng.below(i as u64) as usize;
             (out[j].2, out[j].3)
         } else {
             (
@@ -73,12 +52,12 @@ pub fn small_fences(rng: &mut Rng, count: usize) -> Vec<SmallFence> {
             )
         };
         // Log-uniform radius 50 m .. 2 km.
-        let r = 50.0 * (40f64).powf(rng.f());
-        let n = rng.usize(20, 200);
+        let r = 50.0 * (40f64).powf(rng.unit());
+        let n = rng.between(20, 200) as usize;
         let radii: Vec<f64> = (0..n).map(|_| r * rng.range(0.7, 1.0)).collect();
         let mut rings = vec![radial_ring(lon, lat, &radii, false)];
-        if rng.f() < 0.2 {
-            let hn = rng.usize(6, 24);
+        if rng.unit() < 0.2 {
+            let hn = rng.between(6, 24) as usize;
             let hr: Vec<f64> = (0..hn).map(|_| r * rng.range(0.2, 0.4)).collect();
             rings.push(radial_ring(lon, lat, &hr, true));
         }
@@ -97,7 +76,7 @@ pub fn coastline_radii(rng: &mut Rng, n: usize, r: f64) -> Vec<f64> {
         for k in 0..m {
             let (a, b) = (prof[k], prof[(k + 1) % m]);
             next.push(a);
-            next.push(0.5 * (a + b) + amp * (rng.f() - 0.5));
+            next.push(0.5 * (a + b) + amp * (rng.unit() - 0.5));
         }
         prof = next;
         amp *= 0.62;
@@ -112,7 +91,7 @@ pub fn large_fences(rng: &mut Rng, count: usize) -> Vec<(String, Rings)> {
             let lon = rng.range(LARGE_REGION[0] + 1.0, LARGE_REGION[2] - 1.0);
             let lat = rng.range(LARGE_REGION[1] + 1.0, LARGE_REGION[3] - 1.0);
             let r = rng.range(15_000.0, 60_000.0);
-            let n = rng.usize(10_000, 80_000);
+            let n = rng.between(10_000, 80_000) as usize;
             let radii = coastline_radii(rng, n - 1, r);
             (
                 format!("large-{i}"),
@@ -125,16 +104,16 @@ pub fn large_fences(rng: &mut Rng, count: usize) -> Vec<(String, Rings)> {
 pub fn small_fixes(rng: &mut Rng, n: usize, fences: &[SmallFence]) -> Vec<[f64; 2]> {
     (0..n)
         .map(|_| {
-            if rng.f() < 0.5 {
+            if rng.unit() < 0.5 {
                 [
                     rng.range(SMALL_REGION[0], SMALL_REGION[2]),
                     rng.range(SMALL_REGION[1], SMALL_REGION[3]),
                 ]
             } else {
                 // Near a fence: within 1.5 radii of its centre.
-                let f = &fences[rng.usize(0, fences.len() - 1)];
+                let f = &fences[rng.below(fences.len() as u64) as usize];
                 let (d, a) = (
-                    f.4 * 1.5 * rng.f().sqrt(),
+                    f.4 * 1.5 * rng.unit().sqrt(),
                     rng.range(0.0, std::f64::consts::TAU),
                 );
                 [
@@ -149,17 +128,17 @@ pub fn small_fixes(rng: &mut Rng, n: usize, fences: &[SmallFence]) -> Vec<[f64; 
 pub fn large_fixes(rng: &mut Rng, n: usize, fences: &[(String, Rings)]) -> Vec<[f64; 2]> {
     (0..n)
         .map(|_| {
-            if rng.f() < 0.3 {
+            if rng.unit() < 0.3 {
                 [
                     rng.range(LARGE_REGION[0], LARGE_REGION[2]),
                     rng.range(LARGE_REGION[1], LARGE_REGION[3]),
                 ]
             } else {
                 // Near an edge: a point on a random edge moved up to 200 m in each direction.
-                let ring = &fences[rng.usize(0, fences.len() - 1)].1[0];
-                let k = rng.usize(0, ring.len() - 2);
+                let ring = &fences[rng.below(fences.len() as u64) as usize].1[0];
+                let k = rng.below(ring.len() as u64 - 1) as usize;
                 let (a, b) = (ring[k], ring[k + 1]);
-                let t = rng.f();
+                let t = rng.unit();
                 let kx = M_PER_DEG * a[1].to_radians().cos();
                 [
                     a[0] + t * (b[0] - a[0]) + rng.range(-200.0, 200.0) / kx,

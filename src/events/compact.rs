@@ -23,8 +23,8 @@ use std::sync::Arc;
 use compact_str::CompactString;
 use serde_json::Value;
 
-use crate::core::event::{Event, EventId, EventKind};
-use crate::core::time::{Dur, Ts};
+use geodwell_core::event::{Event, EventId, EventKind};
+use geodwell_core::time::{Dur, Ts};
 
 /// `emitted_at` of an event not stamped yet (outside the valid [`Ts`] range, so never a real time).
 const NOT_EMITTED: i64 = i64::MIN;

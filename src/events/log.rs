@@ -25,9 +25,9 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
-use crate::core::event::Event;
-use crate::core::time::{Dur, Ts};
 use crate::events::compact::CompactEvent;
+use geodwell_core::event::Event;
+use geodwell_core::time::{Dur, Ts};
 
 /// How many of the newest events keep their rendered JSON: enough for every live reader (they
 /// read in chunks of at most 512 behind the head) while bounding the text held to ~1 MB whatever
@@ -289,7 +289,7 @@ impl EventLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::time::Ts;
+    use geodwell_core::time::Ts;
 
     fn ev(n: i64) -> Event {
         let f: Arc<str> = Arc::from("f");

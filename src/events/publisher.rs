@@ -22,13 +22,13 @@ use std::time::{Duration, Instant};
 use metrics::{counter, histogram};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::core::engine::DeviceState;
-use crate::core::event::Event;
-use crate::core::time::Ts;
 use crate::events::{CompactEvent, EventLog, LoggedEvent};
 use crate::shard::{FixOutcome, WallClock};
 use crate::store::{Batch, Durability, Store};
 use crate::telemetry as t;
+use geodwell_core::engine::DeviceState;
+use geodwell_core::event::Event;
+use geodwell_core::time::Ts;
 
 /// Why a step's reply is an error.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

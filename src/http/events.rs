@@ -22,11 +22,11 @@ use futures_util::{SinkExt, StreamExt};
 use metrics::{counter, gauge};
 use wildmatch::WildMatch;
 
-use crate::core::event::EventKind;
 use crate::events::CompactEvent;
 use crate::http::error::ApiError;
 use crate::state::AppState;
 use crate::telemetry as t;
+use geodwell_core::event::EventKind;
 
 const CHUNK: usize = 512;
 

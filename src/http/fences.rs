@@ -12,13 +12,13 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use crate::core::fences::{Fence, FenceError, FenceErrorKind, FenceErrors, parse_fences};
 use crate::events::publisher::{PublishError, Step};
 use crate::http::error::ApiError;
 use crate::http::fixes::body_or_error;
 use crate::shard::ShardMsg;
 use crate::state::AppState;
 use crate::telemetry as t;
+use geodwell_core::fences::{Fence, FenceError, FenceErrorKind, FenceErrors, parse_fences};
 use tokio::sync::oneshot;
 
 fn invalid(errs: FenceErrors) -> ApiError {

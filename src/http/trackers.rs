@@ -3,7 +3,7 @@
 //!
 //! Owns the mapping from each protocol's wire shape onto geodwell's fix fields, nothing more:
 //! every mapped fix goes through [`crate::ingest::submit`], the path `POST /v1/fixes` takes, so it
-//! gets the same validation ([`crate::ingest::parse_fix`] -> [`crate::core::fix::Fix::new`]), the
+//! gets the same validation ([`crate::ingest::parse_fix`] -> [`geodwell_core::fix::Fix::new`]), the
 //! same watermark stamping and shard routing, and the same metrics (`transport` is `osmand` or
 //! `owntracks` on `geodwell_fixes_received_total`).
 //!
@@ -33,11 +33,11 @@ use chrono::NaiveDateTime;
 use serde_json::{Map, Value, json};
 
 use crate::config::ClockMode;
-use crate::core::time::Ts;
 use crate::http::error::ApiError;
 use crate::http::fixes::{body_or_error, check_batch};
 use crate::ingest::{IngestReport, Item, RawItem, kind_of, submit};
 use crate::state::AppState;
+use geodwell_core::time::Ts;
 
 /// A per-item failure: (machine code, message), the shape `ingest` uses for item errors.
 pub type FieldError = (&'static str, String);
@@ -50,7 +50,7 @@ pub const MPS_PER_KMH: f64 = 1000.0 / 3600.0;
 
 /// One location as read from a tracker protocol, in geodwell's units, before [`Fix`] validation.
 ///
-/// [`Fix`]: crate::core::fix::Fix
+/// [`Fix`]: geodwell_core::fix::Fix
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrackerFix {
     /// Device id (see `docs/trackers.md` for how each protocol's id maps onto it).

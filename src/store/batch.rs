@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::core::engine::DeviceState;
+use geodwell_core::engine::DeviceState;
 
 /// Changes committed together in one write transaction.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -8,8 +8,8 @@ use redb::{ReadableDatabase, ReadableTable, TableHandle};
 use super::{
     CURSORS, DEVICES, EVENTS, FENCES, FILE_NAME, StoreError, codec, db_err, guarded_open, read_meta,
 };
-use crate::core::event::Event;
-use crate::core::fences::{Fence, FenceLimits};
+use geodwell_core::event::Event;
+use geodwell_core::fences::{Fence, FenceLimits};
 
 /// Most problems listed in a report; the rest are only counted.
 const MAX_LISTED_PROBLEMS: usize = 100;

@@ -22,8 +22,8 @@
 //! [`PairState`]; both are destructured exhaustively here, so adding a field to either fails to
 //! compile until this codec (and [`super::SCHEMA_VERSION`]) is updated.
 
-use crate::core::engine::DeviceState;
-use crate::core::pairs::PairState;
+use geodwell_core::engine::DeviceState;
+use geodwell_core::pairs::PairState;
 
 /// Format tag of device records written by this version.
 pub(crate) const DEVICE_FORMAT: u8 = 1;

@@ -40,7 +40,7 @@ use redb::{
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::core::engine::DeviceState;
+use geodwell_core::engine::DeviceState;
 
 pub use batch::Batch;
 pub use check::{CheckReport, check};

@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::*;
-use crate::core::engine::{Engine, EngineConfig};
-use crate::core::event::Event;
-use crate::core::fences::{FenceLimits, parse_fences_str};
-use crate::core::fix::{DEFAULT_MAX_DEVICE_LEN, Fix};
-use crate::core::pairs::PairState;
-use crate::core::time::Ts;
+use geodwell_core::engine::{Engine, EngineConfig};
+use geodwell_core::event::Event;
+use geodwell_core::fences::{FenceLimits, parse_fences_str};
+use geodwell_core::fix::{DEFAULT_MAX_DEVICE_LEN, Fix};
+use geodwell_core::pairs::PairState;
+use geodwell_core::time::Ts;
 
 /// A fresh directory under the system temp dir (removed on drop).
 struct TempDir(PathBuf);

@@ -19,19 +19,20 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use metrics::{counter, histogram};
+use rand_xoshiro::Xoshiro256PlusPlus as Rng;
+use rand_xoshiro::rand_core::{RngCore, SeedableRng};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::core::event::{Event, EventKind};
-use crate::core::time::Ts;
 use crate::events::EventLog;
-use crate::sim::rng::Rng;
 use crate::store::Store;
 use crate::telemetry as t;
 use crate::webhooks::deliver::{self, Attempt};
 use crate::webhooks::spec::{SinkFilter, SinkSpec, backoff_cap, full_jitter};
+use geodwell_core::event::{Event, EventKind};
+use geodwell_core::time::Ts;
 
 /// Events read from the log (or the store) per step.
 const CHUNK: usize = 256;
@@ -549,7 +550,7 @@ impl Sink {
     pub(crate) async fn run(self: Arc<Self>, ctx: Ctx) {
         let seed = std::collections::hash_map::RandomState::new()
             .hash_one((&self.spec.id, std::time::SystemTime::now()));
-        let mut rng = Rng::new(seed);
+        let mut rng = Rng::seed_from_u64(seed);
         let mut head = ctx.log.watch();
         'run: while !self.stop.is_cancelled() {
             let retry = std::mem::take(&mut self.lock().retry_requested);

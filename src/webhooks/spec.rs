@@ -22,8 +22,8 @@ use sha2::Sha256;
 use wildmatch::WildMatch;
 
 use crate::config::ConfigIssue;
-use crate::core::event::EventKind;
-use crate::core::time::Dur;
+use geodwell_core::event::EventKind;
+use geodwell_core::time::Dur;
 
 /// Default attempts per event before it is dead-lettered.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 8;
@@ -634,7 +634,8 @@ mod tests {
         let cap = Duration::from_millis(400);
         assert_eq!(full_jitter(cap, 0), Duration::ZERO);
         assert_eq!(full_jitter(cap, u64::MAX), cap);
-        let mut rng = crate::sim::rng::Rng::new(7);
+        use rand_xoshiro::rand_core::{RngCore, SeedableRng};
+        let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(7);
         let draws: Vec<Duration> = (0..1000)
             .map(|_| full_jitter(cap, rng.next_u64()))
             .collect();

@@ -1,9 +1,9 @@
 use std::collections::HashMap;
 
 use super::*;
-use crate::core::event::EventKind;
-use crate::core::fix::Fix;
-use crate::core::reference::expected_events;
+use geodwell_core::event::EventKind;
+use geodwell_core::fix::Fix;
+use geodwell_core::reference::expected_events;
 
 fn layout(sites: u32) -> Vec<Arc<Fence>> {
     generate_fences(&LayoutSpec {

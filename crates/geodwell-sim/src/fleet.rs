@@ -34,10 +34,10 @@ use std::sync::Arc;
 
 use serde_json::json;
 
-use crate::core::fences::{Fence, FenceLimits, FenceSettings};
-use crate::core::fix::{DEFAULT_MAX_DEVICE_LEN, Fix, FixError};
-use crate::core::time::{Dur, Ts};
-use crate::sim::rng::Rng;
+use crate::rng::Rng;
+use geodwell_core::fences::{Fence, FenceLimits, FenceSettings};
+use geodwell_core::fix::{DEFAULT_MAX_DEVICE_LEN, Fix, FixError};
+use geodwell_core::time::{Dur, Ts};
 
 const M_PER_DEG: f64 = Fence::M_PER_DEG;
 

@@ -21,7 +21,7 @@
 
 use std::sync::Arc;
 
-use crate::core::time::Dur;
+use crate::time::Dur;
 
 mod edges;
 mod index;

@@ -12,7 +12,7 @@ use compact_str::CompactString;
 use serde::{Deserialize, Serialize, Serializer};
 use smallvec::SmallVec;
 
-use crate::core::time::{Dur, Ts};
+use crate::time::{Dur, Ts};
 
 /// What happened to a pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -20,7 +20,7 @@ use super::{
     Circle, DEFAULT_CONFIRM_WITHIN, DEFAULT_STALE_AFTER, Fence, FenceSettings, MAX_CONFIRM,
     MAX_ID_BYTES, MAX_NAME_BYTES, MAX_THRESHOLDS, Shape,
 };
-use crate::core::time::{Dur, Ts};
+use crate::time::{Dur, Ts};
 
 /// Property names a fence Feature may carry; any other name is an error.
 pub const KNOWN_PROPERTIES: &[&str] = &[

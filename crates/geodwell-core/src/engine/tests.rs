@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::core::event::EventKind;
-use crate::core::fences::FenceLimits;
+use crate::event::EventKind;
+use crate::fences::FenceLimits;
 
 /// 2026-01-01T00:00:00Z.
 const T0: i64 = 1_767_225_600_000;

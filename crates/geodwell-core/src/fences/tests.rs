@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use serde_json::json;
 
 use super::*;
-use crate::core::time::Dur;
+use crate::time::Dur;
 
 fn limits() -> FenceLimits {
     FenceLimits::default()

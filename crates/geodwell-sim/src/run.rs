@@ -19,17 +19,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
+use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, Semaphore, mpsc};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
 
-use crate::core::fences::Fence;
-use crate::core::time::Ts;
-use crate::sim::fleet::{Fleet, FleetSpec, feature_collection};
-use crate::sim::track::{FenceFacts, Kind, LatencySummary, Tracker, WatermarkModel};
+use crate::fleet::{Fleet, FleetSpec, feature_collection};
+use crate::track::{FenceFacts, Kind, LatencySummary, Tracker, WatermarkModel};
+use geodwell_core::fences::Fence;
+use geodwell_core::time::Ts;
 
 /// How fixes reach the server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -170,7 +170,7 @@ pub enum SimError {
     },
     /// The fleet could not be built.
     #[error(transparent)]
-    Fleet(#[from] crate::sim::fleet::FleetError),
+    Fleet(#[from] crate::fleet::FleetError),
     /// The options contradict each other.
     #[error("bad options: {0}")]
     Options(String),

@@ -17,7 +17,7 @@
 
 use std::hash::BuildHasher;
 
-use crate::core::time::Ts;
+use crate::time::Ts;
 
 use super::Buffered;
 

@@ -31,12 +31,12 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::core::event::Event;
-use crate::core::fences::{Fence, FenceIdx, FenceIndex};
-use crate::core::fix::Fix;
-use crate::core::pairs::{Alive, FixClass, Pair, PairOutput, PairState, PairView};
-use crate::core::time::{Dur, Tick, TickClock, Ts};
-use crate::core::wheel::{Fired, TimerKey, Wheel, WheelStats};
+use crate::event::Event;
+use crate::fences::{Fence, FenceIdx, FenceIndex};
+use crate::fix::Fix;
+use crate::pairs::{Alive, FixClass, Pair, PairOutput, PairState, PairView};
+use crate::time::{Dur, Tick, TickClock, Ts};
+use crate::wheel::{Fired, TimerKey, Wheel, WheelStats};
 
 mod records;
 

@@ -1,23 +1,23 @@
-//! A small seeded PRNG for the simulator, benchmarks and tests.
+//! The seeded random numbers of the simulator, the benchmarks and the tests.
 //!
-//! Invariant: the same seed gives the same sequence on every platform and build (no floating-point
-//! state, no OS entropy), which is what makes generated traces reproducible. xorshift64* is not
-//! cryptographic and needs no dependency; the seed is scrambled by SplitMix64 so that nearby
-//! seeds (device 0, device 1, ...) give unrelated streams and a zero seed is harmless.
+//! Invariant: the same seed gives the same sequence on every platform and build, which is what
+//! makes generated traces reproducible. The generator is `rand_xoshiro`'s Xoshiro256++ (seeded
+//! through SplitMix64 by `seed_from_u64`, so nearby seeds give unrelated streams and a zero seed
+//! is harmless), and the distributions are `rand`'s and `rand_distr`'s; this type only names the
+//! draws the generators make, so that call sites read as what they mean.
 
-/// xorshift64* with a SplitMix64-scrambled seed.
+use rand::{Rng as _, RngCore, SeedableRng};
+use rand_distr::StandardNormal;
+use rand_xoshiro::Xoshiro256PlusPlus;
+
+/// A seeded generator with the draws the simulator uses.
 #[derive(Debug, Clone)]
-pub struct Rng(u64);
+pub struct Rng(Xoshiro256PlusPlus);
 
 impl Rng {
     /// A generator for `seed`.
     pub fn new(seed: u64) -> Rng {
-        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        // xorshift's only fixed point is 0.
-        Rng(if z == 0 { 0x2545_F491_4F6C_DD1D } else { z })
+        Rng(Xoshiro256PlusPlus::seed_from_u64(seed))
     }
 
     /// A generator for the `stream`-th independent stream of `seed` (e.g. one per device).
@@ -27,49 +27,45 @@ impl Rng {
 
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        self.0.next_u64()
     }
 
     /// Uniform in [0, 1).
     pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+        self.0.random::<f64>()
     }
 
-    /// Uniform in [lo, hi).
+    /// Uniform in [lo, hi); `lo` when the range is empty.
     pub fn range(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * self.unit()
+        if hi > lo {
+            self.0.random_range(lo..hi)
+        } else {
+            lo
+        }
     }
 
     /// Uniform in [0, n); 0 when `n == 0`.
     pub fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            return 0;
-        }
-        // Multiply-shift: unbiased enough for simulation and free of the modulo's slow divide.
-        ((self.next_u64() as u128 * n as u128) >> 64) as u64
+        if n == 0 { 0 } else { self.0.random_range(0..n) }
     }
 
     /// Uniform integer in [lo, hi] (inclusive); `lo` when `hi < lo`.
     pub fn between(&mut self, lo: i64, hi: i64) -> i64 {
         if hi <= lo {
-            return lo;
+            lo
+        } else {
+            self.0.random_range(lo..=hi)
         }
-        lo + self.below((hi - lo) as u64 + 1) as i64
     }
 
-    /// True with probability `p`.
+    /// True with probability `p` (clamped to [0, 1]).
     pub fn chance(&mut self, p: f64) -> bool {
-        self.unit() < p
+        self.0.random_bool(p.clamp(0.0, 1.0))
     }
 
-    /// Standard normal (Box-Muller; one of the pair is discarded to keep the state a single u64).
+    /// Standard normal.
     pub fn normal(&mut self) -> f64 {
-        let u1 = self.unit().max(f64::MIN_POSITIVE);
-        let u2 = self.unit();
-        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+        self.0.sample(StandardNormal)
     }
 
     /// One element of a non-empty slice.

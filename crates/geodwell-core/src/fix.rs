@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
-use crate::core::time::Ts;
+use crate::time::Ts;
 
 /// Default longest device id, in bytes.
 pub const DEFAULT_MAX_DEVICE_LEN: usize = 128;

@@ -26,9 +26,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::fences::FenceIdx;
-use crate::core::fences::FenceSettings;
-use crate::core::time::{Dur, Ts};
+use crate::fences::FenceIdx;
+use crate::fences::FenceSettings;
+use crate::time::{Dur, Ts};
 
 /// How one fix relates to one fence, as classified by the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

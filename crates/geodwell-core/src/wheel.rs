@@ -33,7 +33,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::mem;
 
-use crate::core::time::Tick;
+use crate::time::Tick;
 
 /// Default `log2` of the fine level's bucket count: 4096 buckets of one tick each (68 min at 1 s).
 pub const DEFAULT_FINE_BITS: u32 = 12;

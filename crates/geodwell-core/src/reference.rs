@@ -5,16 +5,16 @@
 //! expiry), then judges every threshold of every visit on its own: deadline passed, EXIT not at or
 //! before it, STALE from the device's full fix list, the EXIT run pending at the deadline and its
 //! outcome, release of a STALE dwell by a later fix that does not count as outside. It shares no
-//! code or state machine with [`crate::core::engine`], is quadratic in places, and is not for
+//! code or state machine with [`crate::engine`], is quadratic in places, and is not for
 //! production use.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::core::event::Event;
-use crate::core::fences::{Fence, FenceSettings};
-use crate::core::fix::Fix;
-use crate::core::time::{Dur, Ts};
+use crate::event::Event;
+use crate::fences::{Fence, FenceSettings};
+use crate::fix::Fix;
+use crate::time::{Dur, Ts};
 
 /// The events DESIGN sections 2-4 define for `fixes` once the watermark has reached `w_final`
 /// (every fix with `ts <= w_final` applied; fixes arrive within the lateness, so none is late).
