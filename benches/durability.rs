@@ -5,21 +5,20 @@
 //! --more-clients N --only warm|ingest]`. Unknown arguments (cargo passes `--bench`) are ignored.
 //!
 //! 1. **Warm start** (`--pairs`, default 1,900,000 live pairs): deterministic state is built by
-//!    running one fix per device through a real [`Engine`] (xorshift PRNG, no files): about
+//!    running one fix per device through a real [`Engine`] (seeded PRNG, no files): about
 //!    `pairs / 1.9` devices spread over clusters of three overlapping fences (a 300 m square, a
 //!    120 m circle and a 160 m square, dwell thresholds 10 min and 1 h), each device inside 0
 //!    (5%), 1 (30%), 2 (35%) or 3 (30%) of them, every visit open with both thresholds pending;
 //!    1% of the devices also hold a fix in their reorder buffer. The exported state, the fences,
 //!    the last `log_capacity` ENTER events and the meta values are written to a fresh store with
 //!    `Store::commit` (50k devices per commit), and everything is dropped. Then the warm start is
-//!    timed phase by phase exactly as `geodwell::run` does it: `Store::open`, `Store::load`, parse
-//!    the fences, parse the events tail into the event log, route devices with `shard_of`, build
-//!    one engine per shard (fences + `Engine::restore`). Three variants: page cache dropped for the
-//!    store file (`dd iflag=nocache`), warm page cache (what `run` does: shards one after the
-//!    other), and shards restored on parallel threads (what `geodwell::run` does). After the warm sequential
-//!    variant the watermark is advanced past every 10 min deadline to check that each restored
-//!    pair fires its DWELL exactly once (not timed).
-//! 2. **Ingest**: the real server in-process (`geodwell::start`, event clock, 2 shards on this
+//!    timed: it is the service's own [`geodwell::boot::boot`], which reports its phases
+//!    (`Store::open`, `Store::load`, parsing the fences, rebuilding the event log, rebuilding one
+//!    engine per shard on parallel threads). Two variants: page cache dropped for the store file
+//!    (`dd iflag=nocache`), and a warm page cache. After the warm variant the watermark is
+//!    advanced past every 10 min deadline to check that each restored pair fires its DWELL
+//!    exactly once (not timed).
+//! 2. **Ingest**: the real server in-process (`geodwell::Service`, event clock, 2 shards on this
 //!    machine), a few fences PUT over HTTP, then `--fixes` fixes (default 200,000) in NDJSON
 //!    batches of `--batch` (1,000) from `--clients` (4) concurrent reqwest tasks in the same
 //!    tokio runtime (client and server share the cores), per mode, `--rounds` (2) times in
@@ -39,12 +38,10 @@ use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use geodwell::config::Config;
-use geodwell::events::{CompactEvent, EventLog, Interner, LoggedEvent};
-use geodwell::ingest::shard_of;
-use geodwell::store::{Batch, Durability, FILE_NAME, Store};
+use geodwell::store::{Batch, FILE_NAME, Flush, Store};
 use geodwell_core::engine::{DeviceState, Engine, EngineConfig, Restored};
 use geodwell_core::event::Event;
-use geodwell_core::fences::{Fence, FenceSettings, parse_fences_str};
+use geodwell_core::fences::{Fence, FenceSettings};
 use geodwell_core::fix::Fix;
 use geodwell_core::time::{Dur, Ts};
 use geodwell_sim::rng::Rng;
@@ -302,7 +299,7 @@ struct Built {
 /// Runs one fix per device through a real engine and exports the state.
 fn build_state(target_pairs: usize, cfg: &Config) -> Built {
     let t = Instant::now();
-    let limits = geodwell::fence_limits(cfg);
+    let limits = geodwell::boot::fence_limits(cfg);
     let n = (target_pairs as u64 * 100 / 190).max(1) as usize;
     let clusters = n.div_ceil(333).max(1);
     let fences = cluster_fences(clusters, &limits);
@@ -411,7 +408,7 @@ fn write_store(dir: &Path, b: Built, cfg: &Config) -> f64 {
                 fences_put,
                 ..Batch::default()
             },
-            Durability::Async,
+            Flush::Deferred,
         )
         .expect("fences commit");
     let mut it = b.devices.into_iter();
@@ -426,7 +423,7 @@ fn write_store(dir: &Path, b: Built, cfg: &Config) -> f64 {
                     devices_put: chunk,
                     ..Batch::default()
                 },
-                Durability::Async,
+                Flush::Deferred,
             )
             .expect("devices commit");
     }
@@ -449,7 +446,7 @@ fn write_store(dir: &Path, b: Built, cfg: &Config) -> f64 {
                 next_seq: Some(b.next_seq),
                 ..Batch::default()
             },
-            Durability::Sync,
+            Flush::Fsync,
         )
         .expect("final commit");
     drop(store);
@@ -463,7 +460,6 @@ struct Warm {
     load: f64,
     fences: f64,
     events: f64,
-    route: f64,
     restore: Vec<f64>,
     restore_wall: f64,
     total: f64,
@@ -476,118 +472,38 @@ struct Warm {
     cpu: (f64, f64),
 }
 
-/// One warm start, phase by phase as `geodwell::run` does it.
-fn warm_start(
-    dir: &Path,
-    cfg: &Config,
-    variant: &'static str,
-    parallel: bool,
-    check: bool,
-) -> Warm {
+/// One warm start: [`geodwell::boot::boot`], the service's own, phase by phase.
+fn warm_start(dir: &Path, cfg: &Config, variant: &'static str, check: bool) -> Warm {
+    let mut cfg = cfg.clone();
+    cfg.data_dir = dir.to_path_buf();
+    let probe = CpuProbe::start();
+    let booted = geodwell::boot::boot(&cfg).expect("warm start");
+    let cpu = probe.cores();
+    let tm = &booted.timings;
+    let secs = |d: Duration| d.as_secs_f64();
     let mut r = Warm {
         variant,
-        ..Warm::default()
+        open: secs(tm.open),
+        load: secs(tm.load),
+        fences: secs(tm.fences),
+        events: secs(tm.events),
+        restore: tm.per_shard.iter().map(|d| secs(*d)).collect(),
+        restore_wall: secs(tm.engines),
+        total: secs(booted.took),
+        restored: booted.summary.restored,
+        fence_count: booted.fences.len(),
+        event_count: booted.summary.events,
+        timers: booted.summary.timers,
+        dwell_check: None,
+        cpu,
     };
-    let probe = CpuProbe::start();
-    let t = Instant::now();
-    let mut lap = {
-        let mut last = Instant::now();
-        move || {
-            let now = Instant::now();
-            let d = now.duration_since(last).as_secs_f64();
-            last = now;
-            d
-        }
-    };
-    let store = Store::open(dir).expect("store opens");
-    r.open = lap();
-    let snap = store.load(cfg.log_capacity).expect("store loads");
-    r.load = lap();
-    let limits = geodwell::fence_limits(cfg);
-    let mut fences = Vec::with_capacity(snap.fences.len());
-    for text in &snap.fences {
-        let parsed = parse_fences_str(text, &limits).expect("stored fence parses");
-        fences.extend(parsed.into_iter().map(Arc::new));
-    }
-    r.fence_count = fences.len();
-    r.fences = lap();
-    let log = EventLog::new(
-        cfg.log_capacity,
-        cfg.log_max_age,
-        snap.events.first().map_or(snap.next_seq, |(s, _)| *s),
-    );
-    let mut interner = Interner::default();
-    let events: Vec<LoggedEvent> = snap
-        .events
-        .into_iter()
-        .map(|(_, json)| {
-            let (seq, event) =
-                CompactEvent::from_json(&json, &mut interner).expect("stored event parses");
-            LoggedEvent::new(seq, event, Some(json.into()))
-        })
-        .collect();
-    r.event_count = events.len();
-    log.append_stamped(events)
-        .expect("stored events are gap-free");
-    assert_eq!(log.next_seq(), snap.next_seq, "event tail ends at next_seq");
-    r.events = lap();
-    let shards = cfg.shards;
-    let mut per_shard: Vec<Vec<DeviceState>> = (0..shards).map(|_| Vec::new()).collect();
-    for d in snap.devices {
-        per_shard[shard_of(&d.id, shards)].push(d);
-    }
-    r.route = lap();
-    let w = snap.watermark.map(Ts);
-    let engine_cfg = EngineConfig {
-        tick: cfg.tick,
-        max_fires_per_advance: cfg.max_fires_per_tick,
-        max_buffered_per_device: cfg.max_buffered_per_device,
-        track_dirty: true,
-    };
-    let build = |devices: Vec<DeviceState>| -> (Engine, Restored, f64) {
-        let t = Instant::now();
-        let mut e = Engine::new(engine_cfg.clone());
-        let mut sink = Vec::new();
-        for f in &fences {
-            e.upsert_fence(f.clone(), &mut sink);
-        }
-        let restored = e.restore(devices, w).expect("restore");
-        (e, restored, t.elapsed().as_secs_f64())
-    };
-    let build = &build;
-    let engines: Vec<(Engine, Restored, f64)> = if parallel {
-        std::thread::scope(|s| {
-            let handles: Vec<_> = per_shard
-                .into_iter()
-                .map(|d| s.spawn(move || build(d)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("restore thread"))
-                .collect()
-        })
-    } else {
-        per_shard.into_iter().map(build).collect()
-    };
-    r.restore_wall = lap();
-    r.total = t.elapsed().as_secs_f64();
-    r.cpu = probe.cores();
-    for (e, x, secs) in &engines {
-        r.restore.push(*secs);
-        r.restored.devices += x.devices;
-        r.restored.pairs += x.pairs;
-        r.restored.dropped_pairs += x.dropped_pairs;
-        r.restored.buffered += x.buffered;
-        let ws = e.stats().wheel;
-        r.timers += ws.entries - ws.tombstones;
-    }
-    if check && let Some(w) = w {
+    if check && let Some(w) = booted.watermark {
         // Every 10 min deadline is at most WINDOW_MS + 10 min after T0; the 1 h ones are later.
         let target = Ts(w.0 + 600_000 + 2_000);
         let mut dwells = 0u64;
         let mut out = Vec::new();
-        let mut engines = engines;
-        for (e, _, _) in &mut engines {
+        let mut engines = booted.engines;
+        for e in &mut engines {
             loop {
                 let a = e.advance(target, &mut out);
                 dwells += out.iter().filter(|ev| ev.dwell_s.is_some()).count() as u64;
@@ -612,19 +528,18 @@ fn drop_page_cache(file: &Path) -> bool {
 
 fn print_warm(rows: &[Warm]) {
     println!(
-        "| variant | open | load | parse fences | events tail | route | restore (per shard) | total | goal <= 3 s | cores: ours / other procs |"
+        "| variant | open | load | parse fences | events tail | restore (per shard) | total | goal <= 3 s | cores: ours / other procs |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---|---:|---|---|");
+    println!("|---|---:|---:|---:|---:|---|---:|---|---|");
     for r in rows {
         let per: Vec<String> = r.restore.iter().map(|s| ms(*s)).collect();
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} wall ({}) | **{}** | {} | {:.2} / {:.2} |",
+            "| {} | {} | {} | {} | {} | {} wall ({}) | **{}** | {} | {:.2} / {:.2} |",
             r.variant,
             ms(r.open),
             ms(r.load),
             ms(r.fences),
             ms(r.events),
-            ms(r.route),
             ms(r.restore_wall),
             per.join(" + "),
             ms(r.total),
@@ -642,7 +557,7 @@ fn print_warm(rows: &[Warm]) {
 fn warm_json(r: &Warm) -> Value {
     json!({
         "variant": r.variant, "open_s": r.open, "load_s": r.load, "parse_fences_s": r.fences,
-        "events_tail_s": r.events, "route_s": r.route, "restore_wall_s": r.restore_wall,
+        "events_tail_s": r.events, "restore_wall_s": r.restore_wall,
         "restore_per_shard_s": r.restore, "total_s": r.total, "devices": r.restored.devices,
         "pairs": r.restored.pairs, "dropped_pairs": r.restored.dropped_pairs,
         "buffered_fixes": r.restored.buffered, "fences": r.fence_count, "events": r.event_count,
@@ -687,27 +602,13 @@ fn part_warm(args: &Args, cores: usize) -> (Value, bool) {
         &dir.0,
         &cfg,
         if cold_ok {
-            "store file not in page cache, sequential"
+            "store file not in page cache"
         } else {
-            "page cache (dd nocache failed), sequential"
+            "page cache (dd nocache failed)"
         },
         false,
-        false,
     ));
-    rows.push(warm_start(
-        &dir.0,
-        &cfg,
-        "page cache warm, shards restored one after the other",
-        false,
-        true,
-    ));
-    rows.push(warm_start(
-        &dir.0,
-        &cfg,
-        "page cache warm, shards restored in parallel (= geodwell::run)",
-        true,
-        false,
-    ));
+    rows.push(warm_start(&dir.0, &cfg, "page cache warm", true));
     print_warm(&rows);
     let main = &rows[1];
     println!(
@@ -861,8 +762,8 @@ async fn ingest_mode(
         cores,
     );
     cfg.data_dir = dir.0.clone();
-    let running = geodwell::start(cfg).await.expect("server starts");
-    let base = format!("http://{}", running.addr);
+    let running = geodwell::Service::start(cfg).await.expect("server starts");
+    let base = format!("http://{}", running.addr());
     let http = reqwest::Client::new();
     for (id, f) in ingest_fences() {
         let r = http
@@ -962,9 +863,13 @@ async fn ingest_mode(
     let emitted = "geodwell_events_emitted_total";
     run.events = metric(&m1, emitted) - metric(&m0, emitted);
     run.latencies_ms.sort_by(f64::total_cmp);
-    running.shutdown.cancel();
-    match tokio::time::timeout(Duration::from_secs(60), running.handle).await {
-        Ok(Ok(Ok(()))) => {}
+    match tokio::time::timeout(
+        Duration::from_secs(60),
+        running.shutdown(Duration::from_secs(30)),
+    )
+    .await
+    {
+        Ok(Ok(())) => {}
         other => eprintln!("{mode}: server did not stop cleanly: {other:?}"),
     }
     run.file_bytes = std::fs::metadata(dir.0.join(FILE_NAME)).map_or(0, |m| m.len());

@@ -1,13 +1,12 @@
 //! The `geodwell` command line: parse arguments, load configuration, start telemetry, and call
 //! the library.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use geodwell::config::{ClockMode, Config};
+use geodwell::config::{ClockMode, Config, Sources};
 use geodwell_core::time::Dur;
 use tokio_util::sync::CancellationToken;
 
@@ -21,29 +20,10 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run the service.
-    Serve {
-        /// Configuration file (default: the embedded config/geodwell.toml).
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// Address to bind, e.g. 127.0.0.1:7878.
-        #[arg(long)]
-        listen: Option<SocketAddr>,
-        /// Directory for persistent state.
-        #[arg(long)]
-        data_dir: Option<PathBuf>,
-        /// Watermark mode: live (wall clock) or event (data).
-        #[arg(long)]
-        clock: Option<ClockMode>,
-        /// Allowed arrival disorder, e.g. 2s.
-        #[arg(long, value_parser = parse_dur)]
-        lateness: Option<Dur>,
-        /// Engine shards (0 = one per core).
-        #[arg(long)]
-        shards: Option<usize>,
-    },
-    /// Validate a configuration file and report every error at once.
+    Serve(ServeArgs),
+    /// Validate a configuration file (and the fences it preloads) and report every error at once.
     CheckConfig {
-        /// The file.
+        /// The configuration file to check.
         file: PathBuf,
     },
     /// Drive a simulated fleet against a running server and report rates and latency.
@@ -53,6 +33,34 @@ enum Cmd {
         #[command(subcommand)]
         cmd: StoreCmd,
     },
+}
+
+/// `geodwell serve`: every flag overrides the configuration file and the environment.
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// Configuration file (default: the embedded config/geodwell.toml). Relative paths in it
+    /// resolve against its directory.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Address to bind, e.g. 127.0.0.1:7878 (server.listen).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Directory for persistent state (server.data_dir).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Watermark mode: live (wall clock) or event (data) (time.clock).
+    #[arg(long)]
+    clock: Option<ClockMode>,
+    /// Allowed arrival disorder, e.g. 2s (time.lateness).
+    #[arg(long)]
+    lateness: Option<String>,
+    /// Engine shards, 0 = one per core (server.shards).
+    #[arg(long)]
+    shards: Option<usize>,
+    /// Fences that seed an empty store: a GeoJSON file, "builtin:samples", or "" for none
+    /// (fences.fences_file).
+    #[arg(long)]
+    fences_file: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -152,21 +160,29 @@ fn parse_dur(s: &str) -> Result<Dur, String> {
     Dur::parse(s).map_err(|e| e.to_string())
 }
 
-fn load(file: Option<&PathBuf>) -> anyhow::Result<Config> {
+/// Loads the configuration: `file` (relative paths in it resolve against its directory) over the
+/// embedded defaults, then the environment, then `cli` overrides (key, flag, value).
+fn load(
+    file: Option<&PathBuf>,
+    cli: Vec<(&'static str, &'static str, String)>,
+) -> anyhow::Result<Config> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let env: BTreeMap<String, String> = Config::env_overrides();
     let text = match file {
         Some(p) => Some((
             p.display().to_string(),
             std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?,
+            p.parent().map(PathBuf::from),
         )),
         None => None,
     };
-    Config::load(
-        text.as_ref().map(|(n, t)| (n.as_str(), t.as_str())),
-        &env,
+    Config::load_sources(&Sources {
+        file: text
+            .as_ref()
+            .map(|(name, text, dir)| (name.as_str(), text.as_str(), dir.as_deref())),
+        env: Config::env_overrides(),
+        cli,
         cores,
-    )
+    })
     .map_err(|e| anyhow::anyhow!("{e}"))
 }
 
@@ -186,14 +202,15 @@ fn real_main() -> anyhow::Result<()> {
     geodwell::telemetry::init_tracing();
     match cli.cmd {
         Cmd::CheckConfig { file } => {
-            let cfg = load(Some(&file))?;
-            geodwell::load_fences(&cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let cfg = load(Some(&file), Vec::new())?;
+            let fences = geodwell::boot::load_preload(&cfg)?;
             println!(
-                "{}: ok ({} shards, clock {}, listen {})",
+                "{}: ok ({} shards, clock {}, listen {}, {} preloaded fences)",
                 file.display(),
                 cfg.shards,
                 cfg.clock,
-                cfg.listen
+                cfg.listen,
+                fences.len()
             );
             Ok(())
         }
@@ -210,34 +227,27 @@ fn real_main() -> anyhow::Result<()> {
             println!("{report}");
             Ok(())
         }
-        Cmd::Serve {
-            config,
-            listen,
-            data_dir,
-            clock,
-            lateness,
-            shards,
-        } => {
-            let mut cfg = load(config.as_ref())?;
-            if let Some(v) = listen {
-                cfg.listen = v;
+        Cmd::Serve(args) => {
+            let mut cli = Vec::new();
+            if let Some(v) = args.listen {
+                cli.push(("listen", "--listen", v.to_string()));
             }
-            if let Some(v) = data_dir {
-                cfg.data_dir = v;
+            if let Some(v) = &args.data_dir {
+                cli.push(("data_dir", "--data-dir", v.display().to_string()));
             }
-            if let Some(v) = clock {
-                cfg.clock = v;
+            if let Some(v) = args.clock {
+                cli.push(("clock", "--clock", v.to_string()));
             }
-            if let Some(v) = lateness {
-                cfg.lateness = v;
+            if let Some(v) = args.lateness {
+                cli.push(("lateness", "--lateness", v));
             }
-            if let Some(v) = shards {
-                cfg.shards = if v == 0 {
-                    std::thread::available_parallelism().map_or(1, |n| n.get())
-                } else {
-                    v
-                };
+            if let Some(v) = args.shards {
+                cli.push(("shards", "--shards", v.to_string()));
             }
+            if let Some(v) = args.fences_file {
+                cli.push(("fences_file", "--fences-file", v));
+            }
+            let cfg = load(args.config.as_ref(), cli)?;
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;
@@ -369,14 +379,11 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("cannot bind {}", cfg.listen))?;
-    let shutdown = CancellationToken::new();
-    let trigger = shutdown.clone();
-    tokio::spawn(async move {
-        wait_for_signal().await;
-        tracing::info!("shutdown signal received; draining");
-        trigger.cancel();
-    });
-    geodwell::run(listener, cfg, shutdown).await?;
+    let grace = std::time::Duration::from_millis(cfg.shutdown_grace.millis().max(0) as u64);
+    let service = geodwell::Service::spawn(cfg, listener).await?;
+    wait_for_signal().await;
+    tracing::info!("shutdown signal received; draining");
+    service.shutdown(grace).await?;
     Ok(())
 }
 

@@ -150,7 +150,7 @@ async fn keys_and_scopes_guard_every_route() {
     assert_eq!(r.status().as_u16(), 200);
 
     // WebSocket subscription: refused without a key, accepted with ?access_token=.
-    let url = format!("ws://{}/v1/events/ws?from_seq=0", srv.run.addr);
+    let url = format!("ws://{}/v1/events/ws?from_seq=0", srv.svc.addr());
     let err = tokio_tungstenite::connect_async(&url).await.unwrap_err();
     assert!(err.to_string().contains("401"), "{err}");
     let mut ws = srv

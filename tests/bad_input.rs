@@ -740,7 +740,7 @@ async fn unknown_ids_and_routes_are_404() {
 /// A WebSocket handshake that the server refuses: its HTTP status and JSON body. Sent with
 /// reqwest and the upgrade headers so the whole error body is read.
 async fn refused_upgrade(srv: &Srv, path: &str) -> (u16, Value) {
-    let url = format!("ws://{}{}", srv.run.addr, path);
+    let url = format!("ws://{}{}", srv.svc.addr(), path);
     match tokio_tungstenite::connect_async(url).await {
         Ok(_) => panic!("{path}: the handshake should be refused"),
         Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {

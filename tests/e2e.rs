@@ -217,7 +217,7 @@ async fn shutdown_with_clients_connected_closes_them_and_exits_cleanly() {
     .unwrap();
     let rep = next_json(&mut ing, Duration::from_secs(5)).await.unwrap();
     assert_eq!(rep["accepted"], 1);
-    srv.run.shutdown.cancel();
+    srv.svc.begin_shutdown(Duration::from_secs(10));
     assert_eq!(
         close_code(&mut sub).await,
         Some(1001),
@@ -228,8 +228,8 @@ async fn shutdown_with_clients_connected_closes_them_and_exits_cleanly() {
         Some(1001),
         "ingest socket told too"
     );
-    let res = tokio::time::timeout(Duration::from_secs(15), srv.run.handle).await;
-    assert!(matches!(res, Ok(Ok(Ok(())))), "{res:?}");
+    let res = tokio::time::timeout(Duration::from_secs(15), srv.svc.wait()).await;
+    assert!(matches!(res, Ok(Ok(()))), "{res:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

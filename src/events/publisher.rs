@@ -16,17 +16,17 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use metrics::{counter, histogram};
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
 
+use crate::clock::WallClock;
 use crate::events::{CompactEvent, EventLog, LoggedEvent};
-use crate::shard::{FixOutcome, WallClock};
-use crate::store::{Batch, Durability, Store};
+use crate::store::{Batch, Flush, Store};
 use crate::telemetry as t;
-use geodwell_core::engine::DeviceState;
+use geodwell_core::engine::{DeviceState, IngestError, Ingested};
 use geodwell_core::event::Event;
 use geodwell_core::time::Ts;
 
@@ -40,6 +40,9 @@ pub enum PublishError {
     #[error("the service is shutting down")]
     Closed,
 }
+
+/// The outcome of one fix, by its index in the request.
+pub type FixOutcome = (usize, Result<Ingested, IngestError>);
 
 /// What a waiting HTTP request gets back.
 pub type StepReply = Result<Vec<FixOutcome>, PublishError>;
@@ -82,33 +85,49 @@ impl Publisher {
     }
 }
 
+/// When the publisher commits to the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommitPolicy {
+    /// Every drained group of steps is committed (fsync'd) before anyone is answered
+    /// (`durability = "sync"`).
+    Immediate,
+    /// Steps are answered at once and committed at most this long after (`durability = "async"`).
+    Interval(Duration),
+}
+
 /// The publisher's configuration.
 #[derive(Debug, Clone)]
 pub struct PublisherCfg {
-    /// Store and durability; `None` keeps everything in memory.
-    pub store: Option<(Arc<Store>, Durability)>,
-    /// async durability: the longest time between commits.
-    pub commit_interval: Duration,
+    /// The store; `None` keeps everything in memory (`durability = "none"`).
+    pub store: Option<Arc<Store>>,
+    /// When commits happen.
+    pub policy: CommitPolicy,
+    /// The largest fix time a previous run committed (event clock mode), persisted again with
+    /// every commit.
+    pub restored_max_seen: Option<i64>,
     /// Events the store keeps (older ones are trimmed).
     pub log_capacity: usize,
     /// Queue length.
     pub queue: usize,
+    /// Cancelled to stop: the publisher takes no new steps, commits what is queued, and ends.
+    pub stop: CancellationToken,
 }
 
-/// Starts the publisher task; it ends when every [`Publisher`] is dropped, after a final commit.
+/// Starts the publisher task; it ends, after a final commit, once `cfg.stop` is cancelled (or
+/// every [`Publisher`] is dropped) and its queue is drained.
 pub fn spawn(
     cfg: PublisherCfg,
     log: Arc<EventLog>,
     wall: WallClock,
-    max_seen: Arc<AtomicI64>,
 ) -> (Publisher, tokio::task::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel(cfg.queue.max(1));
-    let handle = tokio::spawn(run(cfg, rx, log, wall, max_seen));
+    let handle = tokio::spawn(run(cfg, rx, log, wall));
     (Publisher { tx }, handle)
 }
 
+/// What has been stamped but not yet committed and published.
 #[derive(Default)]
-struct Pending {
+struct Uncommitted {
     batch: Batch,
     events: Vec<LoggedEvent>,
     replies: Vec<(oneshot::Sender<StepReply>, Vec<FixOutcome>)>,
@@ -119,7 +138,7 @@ struct Pending {
     max_seen: Option<i64>,
 }
 
-impl Pending {
+impl Uncommitted {
     fn is_empty(&self) -> bool {
         self.events.is_empty()
             && self.replies.is_empty()
@@ -131,18 +150,11 @@ impl Pending {
     }
 }
 
-async fn run(
-    cfg: PublisherCfg,
-    mut rx: mpsc::Receiver<Step>,
-    log: Arc<EventLog>,
-    wall: WallClock,
-    max_seen: Arc<AtomicI64>,
-) {
+async fn run(cfg: PublisherCfg, mut rx: mpsc::Receiver<Step>, log: Arc<EventLog>, wall: WallClock) {
     let mut next_seq = log.next_seq();
-    let restored = max_seen.load(Ordering::Acquire);
-    let mut p = Pending {
-        max_seen: (restored != i64::MIN).then_some(restored),
-        ..Pending::default()
+    let mut p = Uncommitted {
+        max_seen: cfg.restored_max_seen,
+        ..Uncommitted::default()
     };
     let mut last_commit = Instant::now();
     let mut failing = false;
@@ -151,18 +163,20 @@ async fn run(
         // In async mode, wake at the commit interval.
         let wait = if failing {
             Some(Duration::from_secs(1))
-        } else if matches!(cfg.store, Some((_, Durability::Async))) && !p.is_empty() {
-            Some(cfg.commit_interval.saturating_sub(last_commit.elapsed()))
+        } else if let (Some(_), CommitPolicy::Interval(every)) = (&cfg.store, cfg.policy)
+            && !p.is_empty()
+        {
+            Some(every.saturating_sub(last_commit.elapsed()))
         } else {
             None
         };
         let first = match wait {
-            Some(d) => match tokio::time::timeout(d, rx.recv()).await {
+            Some(d) => match tokio::time::timeout(d, next(&mut rx, &cfg.stop)).await {
                 Ok(Some(s)) => Some(s),
                 Ok(None) => return finish(&cfg, &log, &mut p, next_seq).await,
                 Err(_) => None, // timer: retry or async commit
             },
-            None => match rx.recv().await {
+            None => match next(&mut rx, &cfg.stop).await {
                 Some(s) => Some(s),
                 None => return finish(&cfg, &log, &mut p, next_seq).await,
             },
@@ -237,8 +251,8 @@ async fn run(
                 p.arrived.extend(s.arrived);
             }
         }
-        let due = match &cfg.store {
-            Some((_, Durability::Async)) => last_commit.elapsed() >= cfg.commit_interval,
+        let due = match (&cfg.store, cfg.policy) {
+            (Some(_), CommitPolicy::Interval(every)) => last_commit.elapsed() >= every,
             _ => true,
         };
         if due || failing {
@@ -255,8 +269,21 @@ async fn run(
     }
 }
 
-/// Every sender is gone: a last commit (retried a few times) before the task ends.
-async fn finish(cfg: &PublisherCfg, log: &EventLog, p: &mut Pending, next_seq: u64) {
+/// The next step; once `stop` is cancelled the queue is closed, so what is queued is still
+/// returned and then `None`.
+async fn next(rx: &mut mpsc::Receiver<Step>, stop: &CancellationToken) -> Option<Step> {
+    tokio::select! {
+        biased;
+        s = rx.recv() => s,
+        _ = stop.cancelled() => {
+            rx.close();
+            rx.recv().await
+        }
+    }
+}
+
+/// Every sender is gone, or the publisher was stopped: a last commit (retried a few times) before the task ends.
+async fn finish(cfg: &PublisherCfg, log: &EventLog, p: &mut Uncommitted, next_seq: u64) {
     let mut last = Instant::now();
     for _ in 0..3 {
         if p.is_empty() || commit(cfg, log, p, &mut last, next_seq) {
@@ -272,11 +299,11 @@ async fn finish(cfg: &PublisherCfg, log: &EventLog, p: &mut Pending, next_seq: u
 fn commit(
     cfg: &PublisherCfg,
     log: &EventLog,
-    p: &mut Pending,
+    p: &mut Uncommitted,
     last_commit: &mut Instant,
     next_seq: u64,
 ) -> bool {
-    if let Some((store, durability)) = &cfg.store {
+    if let Some(store) = &cfg.store {
         p.batch.watermark = p.watermark.map(|w| w.0);
         // The event-mode watermark is persisted from the fixes this commit holds, not from the
         // live counter, which may already include requests that are not committed yet.
@@ -287,17 +314,16 @@ fn commit(
         let by_age = log.read(0, 0).first_seq;
         p.batch.trim_events_below = Some(by_count.max(by_age)).filter(|&t| t > 0);
         let started = Instant::now();
-        // Both modes commit with fsync: `async` only changes *when* (every commit_interval,
-        // answering before the commit); a commit without fsync would not survive a crash.
-        let _ = durability;
+        // Both policies commit with fsync: `Interval` only changes *when* (answering before
+        // the commit); a commit without fsync would not survive a crash.
         // The commit (B-tree writes + fsync) blocks: let the runtime move other tasks off this
         // worker meanwhile (a current-thread runtime, e.g. in unit tests, just runs it).
         let multi = tokio::runtime::Handle::try_current()
             .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
         let res = if multi {
-            tokio::task::block_in_place(|| store.commit(&p.batch, Durability::Sync))
+            tokio::task::block_in_place(|| store.commit(&p.batch, Flush::Fsync))
         } else {
-            store.commit(&p.batch, Durability::Sync)
+            store.commit(&p.batch, Flush::Fsync)
         };
         histogram!(t::STORE_COMMIT_SECONDS).record(started.elapsed().as_secs_f64());
         *last_commit = Instant::now();

@@ -131,13 +131,13 @@ pub async fn require(State(st): State<Arc<AppState>>, mut req: Request, next: Ne
         .get::<MatchedPath>()
         .map(|m| m.as_str().to_string());
     let need = match &route {
-        Some(r) => required_scope(req.method(), r, st.cfg.open_metrics),
+        Some(r) => required_scope(req.method(), r, st.config().open_metrics),
         // Unmatched: the 404 / 405 fallbacks reveal nothing.
         None => None,
     };
     if let Some(need) = need {
         let token = token_of(&req);
-        if let Err(e) = st.auth.check(token.as_deref(), need) {
+        if let Err(e) = st.keys().check(token.as_deref(), need) {
             let reason = match e {
                 AuthError::Missing => "missing",
                 AuthError::Invalid => "invalid",

@@ -1,10 +1,6 @@
 //! `GET /v1/devices/{id}`: a device's last fix and its pairs' states, asked of its shard.
-//! `GET /v1/devices`: every device's position and the fences it is inside, paged.
-//!
-//! The listing's cursor is opaque to clients (`<shard>.<slot>`): shards are walked in order and
-//! each in slot order, which is stable because slots are never reused, so a page costs O(limit)
-//! on each shard it touches instead of a sort of every device, and paging never repeats or skips
-//! a device that existed when the walk began.
+//! `GET /v1/devices`: every device's position and the fences it is inside, paged (the cursor
+//! and its guarantees are [`crate::shard::DeviceCursor`]'s).
 
 use std::sync::Arc;
 
@@ -12,17 +8,14 @@ use axum::Json;
 use axum::extract::rejection::PathRejection;
 use std::collections::HashMap;
 
+use crate::http::error::ApiError;
+use crate::http::events::{check_known, parse_u64};
+use crate::shard::DeviceCursor;
+use crate::state::AppState;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
-use tokio::sync::oneshot;
-
-use crate::http::error::ApiError;
-use crate::http::events::{check_known, parse_u64};
-use crate::ingest::shard_of;
-use crate::shard::ShardMsg;
-use crate::state::AppState;
 
 /// `GET /v1/devices/{id}`.
 #[utoipa::path(get, path = "/v1/devices/{id}", tag = "devices",
@@ -39,16 +32,9 @@ pub async fn get_device(
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let Path(id) = path?;
-    let (tx, rx) = oneshot::channel();
-    let shard = &st.shards[shard_of(&id, st.shards.len())];
-    shard
-        .send(ShardMsg::Device {
-            id: id.clone(),
-            reply: tx,
-        })
-        .await
-        .map_err(|_| ApiError::shutting_down())?;
-    let view = rx
+    let view = st
+        .shards()
+        .device(&id)
         .await
         .map_err(|_| ApiError::shutting_down())?
         .ok_or_else(|| {
@@ -87,29 +73,6 @@ pub async fn get_device(
 /// Largest page `GET /v1/devices` answers.
 pub const MAX_DEVICE_PAGE: usize = 10_000;
 
-/// Parses `<shard>.<slot>`. A cursor past the end (a shard or slot that does not exist) is
-/// valid and yields an empty last page, as paging past the end would.
-fn parse_cursor(s: &str) -> Result<(usize, u32), ApiError> {
-    let bad = || {
-        ApiError::bad_request(
-            "bad_query",
-            format!("after={s:?} is not a cursor from next_after"),
-        )
-    };
-    let (a, b) = s.split_once('.').ok_or_else(bad)?;
-    let digits = |x: &str| !x.is_empty() && x.bytes().all(|c| c.is_ascii_digit());
-    if !digits(a) || !digits(b) {
-        return Err(bad());
-    }
-    let shard = a
-        .parse::<u64>()
-        .map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX));
-    let slot = b
-        .parse::<u64>()
-        .map_or(u32::MAX, |n| u32::try_from(n).unwrap_or(u32::MAX));
-    Ok((shard, slot))
-}
-
 /// `GET /v1/devices?limit=N&after=CURSOR`: `{"devices": [{"device", "last_fix_at", "lon",
 /// "lat", "inside": [fence ids]}], "next_after": cursor or null}`. `limit` defaults to 1000 (at
 /// most 10,000); pass `next_after` back as `after` for the next page.
@@ -137,24 +100,20 @@ pub async fn list_devices(
         ));
     }
     let limit = limit as usize;
-    let (mut shard, mut slot) = match q.get("after") {
-        Some(c) => parse_cursor(c)?,
-        None => (0, 0),
+    let after = match q.get("after") {
+        Some(c) => c
+            .parse::<DeviceCursor>()
+            .map_err(|e| ApiError::bad_request("bad_query", format!("after={e}")))?,
+        None => DeviceCursor::default(),
     };
-    let mut devices = Vec::new();
-    let mut next_after = None;
-    while shard < st.shards.len() {
-        let (tx, rx) = oneshot::channel();
-        st.shards[shard]
-            .send(ShardMsg::DevicePage {
-                from: slot,
-                limit: limit - devices.len(),
-                reply: tx,
-            })
-            .await
-            .map_err(|_| ApiError::shutting_down())?;
-        let (page, next) = rx.await.map_err(|_| ApiError::shutting_down())?;
-        devices.extend(page.into_iter().map(|d| {
+    let (page, next) = st
+        .shards()
+        .device_page(after, limit)
+        .await
+        .map_err(|_| ApiError::shutting_down())?;
+    let devices: Vec<serde_json::Value> = page
+        .into_iter()
+        .map(|d| {
             json!({
                 "device": d.id,
                 "last_fix_at": d.last_fix_at,
@@ -162,20 +121,8 @@ pub async fn list_devices(
                 "lon": d.last_position.map(|p| p.1),
                 "inside": d.inside,
             })
-        }));
-        match next {
-            Some(n) => slot = n,
-            None => {
-                shard += 1;
-                slot = 0;
-            }
-        }
-        if devices.len() >= limit {
-            if shard < st.shards.len() {
-                next_after = Some(format!("{shard}.{slot}"));
-            }
-            break;
-        }
-    }
+        })
+        .collect();
+    let next_after = next.map(|c| c.to_string());
     Ok(Json(json!({ "devices": devices, "next_after": next_after })).into_response())
 }

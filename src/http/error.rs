@@ -147,3 +147,15 @@ impl From<crate::ingest::BatchError> for ApiError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_overloaded_batch_is_a_503_with_retry_after() {
+        let resp = ApiError::from(crate::ingest::BatchError::Overloaded).into_response();
+        assert_eq!(resp.status(), 503);
+        assert_eq!(resp.headers()["retry-after"], "1");
+    }
+}

@@ -82,13 +82,13 @@ pub async fn poll(
     check_known(&q, &["from_seq", "limit"])?;
     let from = parse_u64(&q, "from_seq")?.unwrap_or(0);
     let limit = parse_u64(&q, "limit")?.unwrap_or(1000) as usize;
-    if limit == 0 || limit > st.cfg.max_poll_limit {
+    if limit == 0 || limit > st.config().max_poll_limit {
         return Err(ApiError::bad_request(
             "bad_query",
-            format!("limit must be in 1..={}", st.cfg.max_poll_limit),
+            format!("limit must be in 1..={}", st.config().max_poll_limit),
         ));
     }
-    let r = st.log.read(from, limit);
+    let r = st.log().read(from, limit);
     let next = r.events.last().map_or(from.max(r.first_seq), |e| e.seq + 1);
     // Events older than the log's JSON cache are rendered here, outside the log's lock.
     let texts: Vec<Arc<str>> = r.events.iter().map(|e| e.json()).collect();
@@ -184,10 +184,10 @@ pub async fn subscribe(
     let ws = ws.map_err(ApiError::from)?;
     // A start older than the log holds is clamped to the oldest event held; when the client
     // asked for a specific seq that is gone, its first frame says which range it missed.
-    let held = st.log.read(0, 0);
+    let held = st.log().read(0, 0);
     let start = from.unwrap_or(held.next_seq).max(held.first_seq);
     let gap = from.filter(|&f| f > 0 && f < held.first_seq);
-    let tasks = st.tasks.clone();
+    let tasks = st.tasks().clone();
     Ok(ws.on_upgrade(move |socket| async move {
         // Tracked so that shutdown waits for the goodbye frame.
         tasks
@@ -219,7 +219,7 @@ async fn run_subscriber(
             format!("{{\"type\":\"gap\",\"missing_from\":{from},\"resume_from\":{cursor}}}");
         let _ = tx.send(Message::Text(frame.into())).await;
     }
-    let mut head = st.log.watch();
+    let mut head = st.log().watch();
     let close = |code, reason: &'static str| {
         Message::Close(Some(CloseFrame {
             code,
@@ -229,9 +229,9 @@ async fn run_subscriber(
     'outer: loop {
         // Send everything available from the cursor on.
         loop {
-            let r = st.log.read(cursor, CHUNK);
+            let r = st.log().read(cursor, CHUNK);
             let behind = r.next_seq.saturating_sub(cursor);
-            if cursor < r.first_seq || (caught_up && behind > st.cfg.subscriber_queue as u64) {
+            if cursor < r.first_seq || (caught_up && behind > st.config().subscriber_queue as u64) {
                 counter!(t::SUBSCRIBERS_LAGGED).increment(1);
                 let frame = format!("{{\"type\":\"lagged\",\"resume_from\":{cursor}}}");
                 let bye = async {
@@ -282,7 +282,7 @@ async fn run_subscriber(
             counter!(t::SUBSCRIBER_EVENTS_SENT).increment(queued);
         }
         tokio::select! {
-            _ = st.shutdown.cancelled() => {
+            _ = st.shutdown_token().cancelled() => {
                 let _ = tx.send(close(close_code::AWAY, "server shutting down")).await;
                 break;
             }

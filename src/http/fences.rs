@@ -12,14 +12,12 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use crate::events::publisher::{PublishError, Step};
+use crate::fences::FenceWriteError;
 use crate::http::error::ApiError;
 use crate::http::fixes::body_or_error;
-use crate::shard::ShardMsg;
+use crate::ingest::BatchError;
 use crate::state::AppState;
-use crate::telemetry as t;
-use geodwell_core::fences::{Fence, FenceError, FenceErrorKind, FenceErrors, parse_fences};
-use tokio::sync::oneshot;
+use geodwell_core::fences::{FenceError, FenceErrorKind, FenceErrors};
 
 fn invalid(errs: FenceErrors) -> ApiError {
     let details: Vec<Value> = errs
@@ -44,72 +42,19 @@ fn parse_geojson(text: &str) -> Result<geojson::GeoJson, ApiError> {
     })
 }
 
-/// Makes a fence change durable (through the publisher, like every other state change) before
-/// it is applied or acknowledged.
-async fn persist(st: &AppState, mut step: Step) -> Result<(), ApiError> {
-    let (tx, rx) = oneshot::channel();
-    step.ack = Some(tx);
-    st.publisher
-        .send(step)
-        .await
-        .map_err(|_| ApiError::shutting_down())?;
-    match rx.await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(PublishError::Store(msg))) => {
-            Err(crate::ingest::BatchError::StoreUnavailable(msg).into())
-        }
-        Ok(Err(PublishError::Closed)) | Err(_) => Err(ApiError::shutting_down()),
-    }
-}
-
-/// Installs fences everywhere (API copy + every shard, in one serialized order). Returns how many
-/// were new.
-pub async fn install(st: &AppState, fences: Vec<Fence>) -> Result<usize, ApiError> {
-    let _guard = st.fence_write.lock().await;
-    let new = {
-        let map = st.fences.read().unwrap_or_else(|p| p.into_inner());
-        let new = fences.iter().filter(|f| !map.contains_key(&*f.id)).count();
-        if map.len() + new > st.cfg.max_fences {
-            return Err(ApiError::unprocessable(
-                "too_many_fences",
-                format!(
-                    "{} fences would exceed the limit of {}",
-                    map.len() + new,
-                    st.cfg.max_fences
-                ),
-            ));
-        }
-        new
-    };
-    persist(
-        st,
-        Step {
-            fences_put: fences
-                .iter()
-                .map(|f| {
-                    let text = serde_json::to_string(&f.to_feature()).unwrap_or_default();
-                    (f.id.to_string(), text)
-                })
-                .collect(),
-            ..Step::default()
-        },
-    )
-    .await?;
-    for f in fences {
-        let f = Arc::new(f);
-        st.fences
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(f.id.to_string(), f.clone());
-        for s in &st.shards {
-            s.send(ShardMsg::UpsertFence(f.clone()))
-                .await
-                .map_err(|_| ApiError::shutting_down())?;
+impl From<FenceWriteError> for ApiError {
+    fn from(e: FenceWriteError) -> ApiError {
+        match e {
+            FenceWriteError::Invalid(errs) => invalid(errs),
+            FenceWriteError::Empty => ApiError::bad_request("empty_collection", e.to_string()),
+            FenceWriteError::TooMany { .. } => {
+                ApiError::unprocessable("too_many_fences", e.to_string())
+            }
+            FenceWriteError::NotFound(_) => ApiError::not_found("fence_not_found", e.to_string()),
+            FenceWriteError::Store(msg) => BatchError::StoreUnavailable(msg).into(),
+            FenceWriteError::ShuttingDown => ApiError::shutting_down(),
         }
     }
-    metrics::gauge!(t::FENCES)
-        .set(st.fences.read().unwrap_or_else(|p| p.into_inner()).len() as f64);
-    Ok(new)
 }
 
 /// `PUT /v1/fences/{id}`: body is a GeoJSON Feature (its `id`, if any, must match).
@@ -131,7 +76,7 @@ pub async fn put_fence(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let Path(id) = path?;
-    let body = body_or_error(body, st.cfg.max_body_bytes)?;
+    let body = body_or_error(body, st.config().max_body_bytes)?;
     let text =
         std::str::from_utf8(&body).map_err(|e| ApiError::bad_request("bad_body", e.to_string()))?;
     let feature = match parse_geojson(text)? {
@@ -143,9 +88,9 @@ pub async fn put_fence(
             ));
         }
     };
-    let fence = Fence::from_feature(&feature, Some(&id), &st.fence_limits).map_err(invalid)?;
+    let fence = st.fences().validate_feature(&feature, &id)?;
     let body = fence.to_feature();
-    let created = install(&st, vec![fence]).await? == 1;
+    let created = st.fences().put(vec![fence]).await?.created == 1;
     let status = if created {
         StatusCode::CREATED
     } else {
@@ -169,22 +114,15 @@ pub async fn post_fences(
     State(st): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let body = body_or_error(body, st.cfg.max_body_bytes)?;
+    let body = body_or_error(body, st.config().max_body_bytes)?;
     let text =
         std::str::from_utf8(&body).map_err(|e| ApiError::bad_request("bad_body", e.to_string()))?;
-    let fences = parse_fences(&parse_geojson(text)?, &st.fence_limits).map_err(invalid)?;
-    if fences.is_empty() {
-        return Err(ApiError::bad_request(
-            "empty_collection",
-            "the FeatureCollection holds no features",
-        ));
-    }
+    let fences = st.fences().validate_geojson(&parse_geojson(text)?)?;
     let ids: Vec<String> = fences.iter().map(|f| f.id.to_string()).collect();
-    let n = fences.len();
-    let created = install(&st, fences).await?;
+    let w = st.fences().put(fences).await?;
     Ok((
         StatusCode::CREATED,
-        Json(json!({"created": created, "replaced": n - created, "ids": ids})),
+        Json(json!({"created": w.created, "replaced": w.replaced, "ids": ids})),
     )
         .into_response())
 }
@@ -203,15 +141,9 @@ pub async fn get_fence(
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let Path(id) = path?;
-    let f = st
-        .fences
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&id)
-        .cloned()
-        .ok_or_else(|| {
-            ApiError::not_found("fence_not_found", format!("no fence with id {id:?}"))
-        })?;
+    let f = st.fences().get(&id).ok_or_else(|| {
+        ApiError::not_found("fence_not_found", format!("no fence with id {id:?}"))
+    })?;
     Ok(Json(f.to_feature()).into_response())
 }
 
@@ -223,13 +155,8 @@ pub async fn get_fence(
         crate::http::openapi::Refused,
     ))]
 pub async fn list_fences(State(st): State<Arc<AppState>>) -> Response {
-    let features: Vec<geojson::Feature> = st
-        .fences
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .values()
-        .map(|f| f.to_feature())
-        .collect();
+    let features: Vec<geojson::Feature> =
+        st.fences().list().iter().map(|f| f.to_feature()).collect();
     Json(geojson::FeatureCollection {
         bbox: None,
         features,
@@ -253,40 +180,6 @@ pub async fn delete_fence(
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let Path(id) = path?;
-    let _guard = st.fence_write.lock().await;
-    let exists = st
-        .fences
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .contains_key(&id);
-    if exists {
-        persist(
-            &st,
-            Step {
-                fences_del: vec![id.clone()],
-                ..Step::default()
-            },
-        )
-        .await?;
-    }
-    let removed = st
-        .fences
-        .write()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&id);
-    if removed.is_none() {
-        return Err(ApiError::not_found(
-            "fence_not_found",
-            format!("no fence with id {id:?}"),
-        ));
-    }
-    let id: Arc<str> = Arc::from(id.as_str());
-    for s in &st.shards {
-        s.send(ShardMsg::RemoveFence(id.clone()))
-            .await
-            .map_err(|_| ApiError::shutting_down())?;
-    }
-    metrics::gauge!(t::FENCES)
-        .set(st.fences.read().unwrap_or_else(|p| p.into_inner()).len() as f64);
+    st.fences().delete(&id).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
 use crate::http::error::ApiError;
-use crate::ingest::{IngestReport, submit};
+use crate::ingest::IngestReport;
 use crate::state::AppState;
 
 /// Reads a request body, mapping a too-large body to a JSON 413.
@@ -28,8 +28,7 @@ pub fn body_or_error(body: Result<Bytes, BytesRejection>, limit: usize) -> Resul
     })
 }
 
-pub use crate::ingest::Item;
-use crate::ingest::{BatchShapeError, read_batch, read_item};
+use crate::wire::{BatchShapeError, Item, read_batch, read_item};
 
 /// Splits a body into JSON items: NDJSON lines, array elements, or one object.
 pub fn items_of(headers: &HeaderMap, body: &[u8]) -> Result<Vec<Item>, ApiError> {
@@ -110,9 +109,10 @@ pub async fn post_fixes(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let body = body_or_error(body, st.cfg.max_body_bytes)?;
+    let body = body_or_error(body, st.config().max_body_bytes)?;
     let items = items_of(&headers, &body)?;
-    check_batch(items.len(), st.cfg.max_batch)?;
-    let report = submit(&st, "http", items).await?;
+    check_batch(items.len(), st.config().max_batch)?;
+    let fixes = st.ingest().parse(items);
+    let report = st.ingest().submit("http", fixes).await?;
     Ok(report_response(report))
 }

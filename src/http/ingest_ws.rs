@@ -17,8 +17,9 @@ use crate::http::error::ApiError;
 use futures_util::StreamExt;
 use futures_util::stream::FuturesOrdered;
 
-use crate::ingest::{BatchError, BatchShapeError, IngestReport, Pending, dispatch, read_batch};
+use crate::ingest::{BatchError, Dispatched, IngestReport};
 use crate::state::AppState;
+use crate::wire::{BatchShapeError, read_batch};
 
 /// `GET /v1/ingest/ws`.
 #[utoipa::path(get, path = "/v1/ingest/ws", tag = "ingest",
@@ -32,8 +33,8 @@ pub async fn ingest_ws(
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let ws = ws.map_err(ApiError::from)?;
-    let tasks = st.tasks.clone();
-    let max = st.cfg.max_body_bytes;
+    let tasks = st.tasks().clone();
+    let max = st.config().max_body_bytes;
     Ok(ws
         .max_message_size(max)
         .max_frame_size(max)
@@ -63,9 +64,9 @@ fn close(code: u16, reason: &'static str) -> Message {
 const WINDOW: usize = 16;
 
 /// What one received frame asks for.
-enum Step {
+enum FrameAction {
     /// Dispatched to the shards; its answer comes in order.
-    Dispatched(Pending),
+    Dispatched(Dispatched),
     /// Answer at once (after the frames before it), keep the connection.
     Reply(Message),
     /// Answer at once and close.
@@ -79,9 +80,9 @@ enum Step {
 async fn run(st: Arc<AppState>, mut socket: WebSocket) {
     let mut inflight = FuturesOrdered::new();
     loop {
-        let step = tokio::select! {
+        let action = tokio::select! {
             biased;
-            _ = st.shutdown.cancelled() => {
+            _ = st.shutdown_token().cancelled() => {
                 // Batches already dispatched are applied by the shards whatever happens here;
                 // answer them if they complete within the drain, then say goodbye.
                 while let Some(r) = inflight.next().await {
@@ -100,21 +101,21 @@ async fn run(st: Arc<AppState>, mut socket: WebSocket) {
             }
             m = socket.recv(), if inflight.len() < WINDOW => frame(&st, m),
         };
-        match step {
-            Step::Dispatched(p) => inflight.push_back(p.wait()),
-            Step::Skip => {}
-            Step::Gone => {
+        match action {
+            FrameAction::Dispatched(p) => inflight.push_back(p.wait()),
+            FrameAction::Skip => {}
+            FrameAction::Gone => {
                 // Let dispatched batches finish before the task ends (their outcome is already
                 // decided by the shards; nobody is left to tell).
                 while inflight.next().await.is_some() {}
                 return;
             }
-            Step::Reply(m) => {
+            FrameAction::Reply(m) => {
                 if !drain(&mut socket, &mut inflight).await || socket.send(m).await.is_err() {
                     return;
                 }
             }
-            Step::Fatal(ms) => {
+            FrameAction::Fatal(ms) => {
                 if drain(&mut socket, &mut inflight).await {
                     for m in ms {
                         let _ = socket.send(m).await;
@@ -170,12 +171,12 @@ fn batch_error(e: BatchError) -> Vec<Message> {
     }
 }
 
-/// Reads one received message into a [`Step`].
-fn frame(st: &AppState, msg: Option<Result<Message, axum::Error>>) -> Step {
+/// Reads one received message into a [`FrameAction`].
+fn frame(st: &AppState, msg: Option<Result<Message, axum::Error>>) -> FrameAction {
     let text = match msg {
         Some(Ok(Message::Text(t))) => t,
         Some(Ok(Message::Binary(_))) => {
-            return Step::Fatal(vec![
+            return FrameAction::Fatal(vec![
                 error_frame("binary_frame", "send fixes as JSON text frames"),
                 close(close_code::UNSUPPORTED, "binary frames are not supported"),
             ]);
@@ -198,15 +199,15 @@ fn frame(st: &AppState, msg: Option<Result<Message, axum::Error>>) -> Step {
                     "protocol_error",
                 )
             };
-            return Step::Fatal(vec![error_frame(err, &text), close(code, reason)]);
+            return FrameAction::Fatal(vec![error_frame(err, &text), close(code, reason)]);
         }
-        Some(Ok(Message::Close(_))) | None => return Step::Gone,
-        Some(Ok(_)) => return Step::Skip,
+        Some(Ok(Message::Close(_))) | None => return FrameAction::Gone,
+        Some(Ok(_)) => return FrameAction::Skip,
     };
     let items = match read_batch(&text) {
         Ok(items) => items,
         Err(BatchShapeError::NotFixOrArray(_)) => {
-            return Step::Fatal(vec![
+            return FrameAction::Fatal(vec![
                 error_frame(
                     "malformed_batch",
                     "a frame must be a fix object or an array of fixes",
@@ -215,20 +216,21 @@ fn frame(st: &AppState, msg: Option<Result<Message, axum::Error>>) -> Step {
             ]);
         }
         Err(BatchShapeError::NotJson(e)) => {
-            return Step::Fatal(vec![
+            return FrameAction::Fatal(vec![
                 error_frame("malformed_json", &format!("frame is not JSON: {e}")),
                 close(close_code::INVALID, "frame is not JSON"),
             ]);
         }
     };
-    if items.is_empty() || items.len() > st.cfg.max_batch {
-        return Step::Reply(error_frame(
+    if items.is_empty() || items.len() > st.config().max_batch {
+        return FrameAction::Reply(error_frame(
             "bad_batch_size",
-            &format!("a frame must hold 1..={} fixes", st.cfg.max_batch),
+            &format!("a frame must hold 1..={} fixes", st.config().max_batch),
         ));
     }
-    match dispatch(st, "ws", items) {
-        Ok(p) => Step::Dispatched(p),
-        Err(e) => Step::Fatal(batch_error(e)),
+    let fixes = st.ingest().parse(items);
+    match st.ingest().dispatch("ws", fixes) {
+        Ok(p) => FrameAction::Dispatched(p),
+        Err(e) => FrameAction::Fatal(batch_error(e)),
     }
 }

@@ -33,9 +33,9 @@ use error::ApiError;
 
 /// Builds the router over shared state.
 pub fn router(state: Arc<AppState>) -> Router {
-    let limit = state.cfg.max_body_bytes;
+    let limit = state.config().max_body_bytes;
     let (documented, api) = documented_routes().split_for_parts();
-    let api_json: Arc<str> = serde_json::to_string_pretty(&openapi::tune(&api, &state.cfg))
+    let api_json: Arc<str> = serde_json::to_string_pretty(&openapi::tune(&api, state.config()))
         .unwrap_or_default()
         .into();
     documented

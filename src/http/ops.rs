@@ -19,13 +19,13 @@ use crate::telemetry as t;
         crate::http::openapi::Refused,
     ))]
 pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
-    metrics::gauge!(t::EVENT_LOG_EVENTS).set(st.log.len() as f64);
+    metrics::gauge!(t::EVENT_LOG_EVENTS).set(st.log().len() as f64);
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        st.metrics.render(),
+        st.render_metrics(),
     )
         .into_response()
 }
@@ -46,15 +46,15 @@ pub async fn healthz() -> Response {
         (status = 503, description = "Not ready", body = crate::http::openapi::Ready),
     ))]
 pub async fn readyz(State(st): State<Arc<AppState>>) -> Response {
-    let shards_up = st.shards.iter().all(|s| !s.is_closed());
-    if shards_up && !st.shutdown.is_cancelled() {
+    let shards_up = st.shards().running();
+    if shards_up && !st.is_shutting_down() {
         Json(json!({
             "status": "ready",
-            "shards": st.shards.len(),
-            "clock": st.cfg.clock.to_string(),
+            "shards": st.shards().len(),
+            "clock": st.config().clock.to_string(),
             "watermark": st.watermark(),
-            "lateness_ms": st.cfg.lateness.0,
-            "fences": st.fences.read().map(|f| f.len()).unwrap_or(0),
+            "lateness_ms": st.config().lateness.0,
+            "fences": st.fences().len(),
         }))
         .into_response()
     } else {

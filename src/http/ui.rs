@@ -104,7 +104,7 @@ fn serve(st: &AppState, path: &str, req: &HeaderMap) -> Result<Response, ApiErro
         .find(|a| a.path == path)
         .ok_or_else(|| ApiError::not_found("asset_not_found", format!("no UI asset {path:?}")))?;
     let csp = (asset.content_type == HTML).then(|| {
-        if st.cfg.map_tile_url.is_some() {
+        if st.config().map_tile_url.is_some() {
             CSP_TILES
         } else {
             CSP_OFFLINE
@@ -175,10 +175,10 @@ pub async fn asset(
 fn config(st: &AppState) -> Response {
     let mut resp = Json(json!({
         "version": env!("CARGO_PKG_VERSION"),
-        "tile_url": st.cfg.map_tile_url,
-        "tile_attribution": st.cfg.map_tile_attribution,
-        "clock": st.cfg.clock.to_string(),
-        "max_poll_limit": st.cfg.max_poll_limit,
+        "tile_url": st.config().map_tile_url,
+        "tile_attribution": st.config().map_tile_attribution,
+        "clock": st.config().clock.to_string(),
+        "max_poll_limit": st.config().max_poll_limit,
     }))
     .into_response();
     resp.headers_mut()

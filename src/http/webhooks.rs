@@ -66,7 +66,7 @@ pub fn sink_json(info: &SinkInfo) -> Value {
     description = "Every sink with its delivery status. Scope: admin.",
     responses((status = 200, description = "The sinks", body = crate::http::openapi::WebhookList), crate::http::openapi::Refused))]
 pub async fn list_webhooks(State(st): State<Arc<AppState>>) -> Response {
-    let sinks: Vec<Value> = st.webhooks.list().iter().map(sink_json).collect();
+    let sinks: Vec<Value> = st.webhooks().list().iter().map(sink_json).collect();
     Json(json!({ "webhooks": sinks })).into_response()
 }
 
@@ -87,7 +87,7 @@ pub async fn create_webhook(
     State(st): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let body = body_or_error(body, st.cfg.max_body_bytes)?;
+    let body = body_or_error(body, st.config().max_body_bytes)?;
     let v: Value = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad_request("malformed_json", format!("body is not valid JSON: {e}"))
     })?;
@@ -101,7 +101,7 @@ pub async fn create_webhook(
         })?),
     };
     let spec = SinkSpec::from_json(&v, &["from_seq"]).map_err(invalid)?;
-    let info = st.webhooks.create(spec, from_seq).await?;
+    let info = st.webhooks().create(spec, from_seq).await?;
     Ok((StatusCode::CREATED, Json(sink_json(&info))).into_response())
 }
 
@@ -128,7 +128,7 @@ pub async fn get_webhook(
 ) -> Result<Response, ApiError> {
     let Path(id) = path?;
     let info = st
-        .webhooks
+        .webhooks()
         .get(&id)
         .ok_or(WebhookError::NotFound(id.clone()))?;
     Ok(Json(sink_json(&info)).into_response())
@@ -147,7 +147,7 @@ pub async fn delete_webhook(
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let Path(id) = path?;
-    st.webhooks.delete(&id).await?;
+    st.webhooks().delete(&id).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -170,7 +170,7 @@ pub async fn list_dead_letters(
             format!("unknown query parameter {k:?}; known: limit"),
         ));
     }
-    let max = st.cfg.max_poll_limit;
+    let max = st.config().max_poll_limit;
     let limit = match q.get("limit") {
         None => max,
         Some(v) => match v.parse::<usize>() {
@@ -183,7 +183,7 @@ pub async fn list_dead_letters(
             }
         },
     };
-    let all = st.webhooks.dead_letters(&id)?;
+    let all = st.webhooks().dead_letters(&id)?;
     let count = all.len();
     let shown: Vec<_> = all.into_iter().take(limit).collect();
     Ok(Json(json!({"webhook": id, "count": count, "dead_letters": shown})).into_response())
@@ -199,7 +199,7 @@ pub async fn retry_dead_letters(
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let Path(id) = path?;
-    let n = st.webhooks.retry_dead_letters(&id)?;
+    let n = st.webhooks().retry_dead_letters(&id)?;
     Ok((
         StatusCode::ACCEPTED,
         Json(json!({"webhook": id, "queued": n})),
@@ -216,6 +216,6 @@ pub async fn clear_dead_letters(
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let Path(id) = path?;
-    let n = st.webhooks.clear_dead_letters(&id)?;
+    let n = st.webhooks().clear_dead_letters(&id)?;
     Ok(Json(json!({"webhook": id, "cleared": n})).into_response())
 }

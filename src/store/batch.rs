@@ -1,12 +1,10 @@
-//! [`Batch`]: one set of changes to the store, and how batches merge.
+//! [`Batch`]: one set of changes to the store.
 //!
 //! Semantics of one batch, as [`super::Store::commit`] applies it: deletes before puts (so a put
 //! and a delete of the same id within one batch leave the put), events inserted before
 //! `trim_events_below` deletes every event with a smaller `seq`, and each `Some` scalar replaces
-//! the stored value. Merging batch `b` into `a` gives the batch whose commit equals committing
-//! `a` then `b`.
+//! the stored value.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use geodwell_core::engine::DeviceState;
@@ -49,98 +47,5 @@ impl Batch {
             && self.max_seen.is_none()
             && self.next_seq.is_none()
             && self.cursors.is_empty()
-    }
-
-    /// Merges `other`, which happened after `self`, into `self`: later puts win, a put after a
-    /// delete of the same id wins, a delete after a put wins, later scalars and cursors win,
-    /// trims take the highest bound (dropping merged events below it). Costs
-    /// O((|self| + |other|) log n).
-    pub fn merge(&mut self, other: Batch) {
-        let mut acc = Accum::default();
-        acc.add(std::mem::take(self));
-        acc.add(other);
-        *self = acc.into_batch();
-    }
-}
-
-/// A batch held as maps, so that merging costs only the size of what is merged in.
-#[derive(Debug, Default)]
-pub(crate) struct Accum {
-    /// `None` = delete.
-    devices: BTreeMap<String, Option<DeviceState>>,
-    fences: BTreeMap<String, Option<String>>,
-    events: BTreeMap<u64, Arc<str>>,
-    trim: Option<u64>,
-    watermark: Option<i64>,
-    max_seen: Option<i64>,
-    next_seq: Option<u64>,
-    cursors: BTreeMap<String, u64>,
-}
-
-impl Accum {
-    /// Applies `b` after everything held.
-    pub(crate) fn add(&mut self, b: Batch) {
-        let Batch {
-            devices_put,
-            devices_del,
-            fences_put,
-            fences_del,
-            events,
-            trim_events_below,
-            watermark,
-            max_seen,
-            next_seq,
-            cursors,
-        } = b;
-        for id in devices_del {
-            self.devices.insert(id, None);
-        }
-        for d in devices_put {
-            self.devices.insert(d.id.clone(), Some(d));
-        }
-        for id in fences_del {
-            self.fences.insert(id, None);
-        }
-        for (id, f) in fences_put {
-            self.fences.insert(id, Some(f));
-        }
-        self.events.extend(events);
-        if let Some(t) = trim_events_below {
-            let t = self.trim.map_or(t, |old| old.max(t));
-            self.trim = Some(t);
-            // Events below the bound would be written and deleted in the same transaction.
-            self.events = self.events.split_off(&t);
-        }
-        self.watermark = watermark.or(self.watermark);
-        self.max_seen = max_seen.or(self.max_seen);
-        self.next_seq = next_seq.or(self.next_seq);
-        self.cursors.extend(cursors);
-    }
-
-    /// The held changes as one batch (puts and deletes sorted by key, which redb inserts
-    /// fastest).
-    pub(crate) fn into_batch(self) -> Batch {
-        let mut b = Batch {
-            trim_events_below: self.trim,
-            watermark: self.watermark,
-            max_seen: self.max_seen,
-            next_seq: self.next_seq,
-            events: self.events.into_iter().collect(),
-            cursors: self.cursors.into_iter().collect(),
-            ..Batch::default()
-        };
-        for (id, d) in self.devices {
-            match d {
-                Some(d) => b.devices_put.push(d),
-                None => b.devices_del.push(id),
-            }
-        }
-        for (id, f) in self.fences {
-            match f {
-                Some(f) => b.fences_put.push((id, f)),
-                None => b.fences_del.push(id),
-            }
-        }
-        b
     }
 }

@@ -13,7 +13,7 @@
 //!   that creates the tables. A file with another version, without one, or that redb cannot read
 //!   is refused with a [`StoreError`]: the store is never silently reset or migrated.
 //! - Every commit is one redb write transaction: after a crash the store holds exactly the
-//!   batches whose commit returned (with [`Durability::Sync`]), each entirely or not at all.
+//!   batches whose commit returned (with [`Flush::Fsync`]), each entirely or not at all.
 //! - A failed commit changes nothing; the store reopens its redb handle on the next commit if
 //!   redb refuses further writes after an I/O error.
 //! - `events` keys are `seq`s; the stored range is contiguous as long as callers append
@@ -30,14 +30,12 @@ mod webhooks;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use redb::{
     Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle,
 };
-use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use geodwell_core::engine::DeviceState;
@@ -65,37 +63,13 @@ pub(crate) const K_MAX_SEEN: &str = "max_seen";
 pub(crate) const K_NEXT_SEQ: &str = "next_seq";
 
 /// Whether a commit waits for the disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Durability {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Flush {
     /// fsync'd before the commit returns (redb `Durability::Immediate`).
-    #[default]
-    Sync,
+    Fsync,
     /// Not fsync'd (redb `Durability::None`): visible at once, but lost on a crash or power
-    /// loss unless a later [`Durability::Sync`] commit (or a clean close) persists it.
-    Async,
-}
-
-impl fmt::Display for Durability {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Durability::Sync => "sync",
-            Durability::Async => "async",
-        })
-    }
-}
-
-impl FromStr for Durability {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "sync" => Ok(Durability::Sync),
-            "async" => Ok(Durability::Async),
-            _ => Err(format!(
-                "durability must be \"sync\" or \"async\", got {s:?}"
-            )),
-        }
-    }
+    /// loss unless a later [`Flush::Fsync`] commit (or a clean close) persists it.
+    Deferred,
 }
 
 /// Why the store could not be opened, read or written.
@@ -168,12 +142,6 @@ pub enum StoreError {
         op: &'static str,
         /// The redb error.
         source: Box<redb::Error>,
-    },
-    /// A failure injected with [`Store::fail_next_commits`] (tests only).
-    #[error("store {path}: injected commit failure")]
-    Injected {
-        /// The file.
-        path: PathBuf,
     },
 }
 
@@ -286,7 +254,6 @@ pub struct Store {
     commits: AtomicU64,
     failed_commits: AtomicU64,
     reopens: AtomicU64,
-    fail_next: AtomicU32,
     /// Commits never trim events at or above this seq (webhook sinks still need them; see
     /// `webhooks.rs`). `u64::MAX`: no hold.
     event_floor: AtomicU64,
@@ -324,7 +291,6 @@ impl Store {
             commits: AtomicU64::new(0),
             failed_commits: AtomicU64::new(0),
             reopens: AtomicU64::new(0),
-            fail_next: AtomicU32::new(0),
             event_floor: AtomicU64::new(u64::MAX),
         })
     }
@@ -341,13 +307,6 @@ impl Store {
             failed_commits: self.failed_commits.load(Ordering::Relaxed),
             reopens: self.reopens.load(Ordering::Relaxed),
         }
-    }
-
-    /// Makes the next `n` commits fail with [`StoreError::Injected`] before touching the file.
-    /// For tests of failure handling (here and in the service's integration tests).
-    #[doc(hidden)]
-    pub fn fail_next_commits(&self, n: u32) {
-        self.fail_next.store(n, Ordering::SeqCst);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Database>> {
@@ -420,10 +379,10 @@ impl Store {
     }
 
     /// Commits `batch` in one write transaction (deletes, then puts; events, then the trim; see
-    /// [`Batch`]). With [`Durability::Sync`] the batch is on disk when this returns. On error
+    /// [`Batch`]). With [`Flush::Fsync`] the batch is on disk when this returns. On error
     /// nothing of the batch is stored and the caller still owns it, to retry.
-    pub fn commit(&self, batch: &Batch, durability: Durability) -> Result<(), StoreError> {
-        let r = self.commit_inner(batch, durability);
+    pub fn commit(&self, batch: &Batch, flush: Flush) -> Result<(), StoreError> {
+        let r = self.commit_inner(batch, flush);
         match &r {
             Ok(()) => self.commits.fetch_add(1, Ordering::Relaxed),
             Err(_) => self.failed_commits.fetch_add(1, Ordering::Relaxed),
@@ -431,15 +390,8 @@ impl Store {
         r
     }
 
-    fn commit_inner(&self, batch: &Batch, durability: Durability) -> Result<(), StoreError> {
+    fn commit_inner(&self, batch: &Batch, flush: Flush) -> Result<(), StoreError> {
         let path = &self.path;
-        if self
-            .fail_next
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
-            return Err(StoreError::Injected { path: path.clone() });
-        }
         let mut g = self.lock();
         let txn = match g.as_ref().map(|db| db.begin_write()) {
             Some(Ok(txn)) => txn,
@@ -464,9 +416,9 @@ impl Store {
         };
         let mut txn = txn;
         let err = |op: &'static str| move |e: redb::Error| db_err(path, op, e);
-        txn.set_durability(match durability {
-            Durability::Sync => redb::Durability::Immediate,
-            Durability::Async => redb::Durability::None,
+        txn.set_durability(match flush {
+            Flush::Fsync => redb::Durability::Immediate,
+            Flush::Deferred => redb::Durability::None,
         })
         .map_err(|e| err("set durability")(e.into()))?;
         let floor = self.event_floor.load(Ordering::Acquire);

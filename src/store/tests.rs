@@ -135,7 +135,7 @@ fn open_commit_load_round_trip_with_an_engine_export() {
             cursors: vec![("webhook".into(), 2)],
             ..Batch::default()
         };
-        s.commit(&batch, Durability::Sync).unwrap();
+        s.commit(&batch, Flush::Fsync).unwrap();
         assert_eq!(s.stats().commits, 1);
     }
     let s = Store::open(dir.path()).unwrap();
@@ -178,7 +178,7 @@ fn open_commit_load_round_trip_with_an_engine_export() {
         watermark: Some(T0 + 6000),
         ..Batch::default()
     };
-    s.commit(&b2, Durability::Async).unwrap();
+    s.commit(&b2, Flush::Deferred).unwrap();
     let snap = s.load(100).unwrap();
     assert_eq!(snap.devices.len(), 2);
     assert_eq!(snap.fences.len(), 1);
@@ -258,7 +258,7 @@ fn a_corrupt_file_is_refused_and_left_untouched() {
                 .collect(),
             ..Batch::default()
         };
-        s.commit(&b, Durability::Sync).unwrap();
+        s.commit(&b, Flush::Fsync).unwrap();
     }
     let p2 = dir2.path().join(FILE_NAME);
     let mut bytes = std::fs::read(&p2).unwrap();
@@ -316,68 +316,6 @@ fn a_second_open_of_the_same_store_is_refused() {
 }
 
 #[test]
-fn merge_semantics() {
-    let mut a = Batch {
-        devices_put: vec![device("x", 1), device("y", 1)],
-        devices_del: vec!["z".into()],
-        fences_put: vec![("f".into(), "1".into())],
-        events: vec![(1, "e1".into()), (2, "e2".into())],
-        watermark: Some(10),
-        next_seq: Some(3),
-        cursors: vec![("s".into(), 1)],
-        ..Batch::default()
-    };
-    let b = Batch {
-        devices_put: vec![device("x", 2), device("z", 2)], // later put wins; put after delete wins
-        devices_del: vec!["y".into()],                     // delete after put wins
-        fences_del: vec!["f".into()],
-        events: vec![(3, "e3".into())],
-        trim_events_below: Some(2),
-        max_seen: Some(7),
-        cursors: vec![("s".into(), 2), ("t".into(), 5)],
-        ..Batch::default()
-    };
-    a.merge(b);
-    let ids: Vec<(&str, Option<i64>)> = a
-        .devices_put
-        .iter()
-        .map(|d| (d.id.as_str(), d.last_applied))
-        .collect();
-    assert_eq!(ids, vec![("x", Some(2)), ("z", Some(2))]);
-    assert_eq!(a.devices_del, vec!["y".to_string()]);
-    assert!(a.fences_put.is_empty());
-    assert_eq!(a.fences_del, vec!["f".to_string()]);
-    assert_eq!(
-        a.events.iter().map(|e| e.0).collect::<Vec<_>>(),
-        vec![2, 3],
-        "the trim drops merged events below it"
-    );
-    assert_eq!(a.trim_events_below, Some(2));
-    assert_eq!(
-        (a.watermark, a.max_seen, a.next_seq),
-        (Some(10), Some(7), Some(3))
-    );
-    assert_eq!(a.cursors, vec![("s".to_string(), 2), ("t".to_string(), 5)]);
-    // Within one batch, a delete and a put of one id leave the put; a later batch's delete wins.
-    let mut c = Batch {
-        devices_put: vec![device("q", 1)],
-        devices_del: vec!["q".into()],
-        ..Batch::default()
-    };
-    c.merge(Batch::default());
-    assert_eq!(c.devices_put.len(), 1);
-    assert!(c.devices_del.is_empty());
-    c.merge(Batch {
-        devices_del: vec!["q".into()],
-        trim_events_below: Some(1),
-        ..Batch::default()
-    });
-    assert!(c.devices_put.is_empty());
-    assert_eq!(c.devices_del, vec!["q".to_string()]);
-    assert!(!c.is_empty() && Batch::default().is_empty());
-}
-
-#[test]
 fn check_reports_a_good_and_a_bad_store() {
     let dir = TempDir::new("check");
     let (devices, fences, events) = small_engine();
@@ -392,7 +330,7 @@ fn check_reports_a_good_and_a_bad_store() {
             watermark: Some(T0),
             ..Batch::default()
         };
-        s.commit(&b, Durability::Sync).unwrap();
+        s.commit(&b, Flush::Fsync).unwrap();
     }
     let r = check(dir.path()).unwrap();
     eprintln!("{r}");
@@ -479,14 +417,14 @@ fn warm_start_of_1_9m_pairs() {
                     .collect(),
                 ..Batch::default()
             };
-            s.commit(&b, Durability::Async).unwrap();
+            s.commit(&b, Flush::Deferred).unwrap();
         }
         s.commit(
             &Batch {
                 watermark: Some(T0),
                 ..Batch::default()
             },
-            Durability::Sync,
+            Flush::Fsync,
         )
         .unwrap();
     }
@@ -538,7 +476,7 @@ fn check_repairs_a_store_that_was_not_closed_cleanly() {
         devices_put: vec![device("a", 1), device("b", 2)],
         ..Batch::default()
     };
-    s.commit(&b, Durability::Sync).unwrap();
+    s.commit(&b, Flush::Fsync).unwrap();
     // A copy taken while the store is open looks like the file after a crash.
     std::fs::create_dir_all(copy.path()).unwrap();
     std::fs::copy(dir.path().join(FILE_NAME), copy.path().join(FILE_NAME)).unwrap();

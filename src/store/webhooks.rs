@@ -24,7 +24,7 @@ use std::sync::atomic::Ordering;
 
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, TableError};
 
-use super::{CURSORS, Durability, EVENTS, Store, StoreError, db_err};
+use super::{CURSORS, EVENTS, Flush, Store, StoreError, db_err};
 
 /// API-created sinks: id -> definition JSON.
 pub(crate) const WEBHOOK_SINKS: TableDefinition<&str, &str> = TableDefinition::new("webhook_sinks");
@@ -132,17 +132,13 @@ impl Store {
         Ok(snap)
     }
 
-    /// Commits `batch` in one write transaction. [`Durability::Async`] skips the fsync: the
+    /// Commits `batch` in one write transaction. [`Flush::Deferred`] skips the fsync: the
     /// change is visible at once and becomes durable with the next fsync'd commit (the
     /// publisher's, or a later `Sync` one here). On error nothing of the batch is stored.
     ///
     /// Unlike [`Store::commit`] this does not reopen a failed database handle (the publisher's
     /// next commit does that); the caller keeps its state and retries later.
-    pub fn commit_webhooks(
-        &self,
-        batch: &WebhookBatch,
-        durability: Durability,
-    ) -> Result<(), StoreError> {
+    pub fn commit_webhooks(&self, batch: &WebhookBatch, flush: Flush) -> Result<(), StoreError> {
         if batch.is_empty() {
             return Ok(());
         }
@@ -155,9 +151,9 @@ impl Store {
         })?;
         let err = |op: &'static str| move |e: redb::Error| db_err(path, op, e);
         let mut txn = db.begin_write().map_err(|e| err("begin write")(e.into()))?;
-        txn.set_durability(match durability {
-            Durability::Sync => redb::Durability::Immediate,
-            Durability::Async => redb::Durability::None,
+        txn.set_durability(match flush {
+            Flush::Fsync => redb::Durability::Immediate,
+            Flush::Deferred => redb::Durability::None,
         })
         .map_err(|e| err("set durability")(e.into()))?;
         write_webhooks(&txn, batch).map_err(err("write webhooks"))?;
@@ -273,7 +269,7 @@ mod tests {
                     cursors: vec![("other".into(), 7)],
                     ..Batch::default()
                 },
-                Durability::Sync,
+                Flush::Fsync,
             )
             .unwrap();
         let b = WebhookBatch {
@@ -286,14 +282,14 @@ mod tests {
             ],
             ..WebhookBatch::default()
         };
-        store.commit_webhooks(&b, Durability::Async).unwrap();
+        store.commit_webhooks(&b, Flush::Deferred).unwrap();
         store
             .commit_webhooks(
                 &WebhookBatch {
                     dead_del: vec![("a".into(), 2)],
                     ..WebhookBatch::default()
                 },
-                Durability::Sync,
+                Flush::Fsync,
             )
             .unwrap();
         drop(store);
@@ -322,7 +318,7 @@ mod tests {
                     sinks_del: vec!["a".into()],
                     ..WebhookBatch::default()
                 },
-                Durability::Sync,
+                Flush::Fsync,
             )
             .unwrap();
         let snap = store.load_webhooks().unwrap();
@@ -352,7 +348,7 @@ mod tests {
                     next_seq: Some(11),
                     ..Batch::default()
                 },
-                Durability::Sync,
+                Flush::Fsync,
             )
             .unwrap();
         let got = store.read_events(0, 100, 100).unwrap();
@@ -371,7 +367,7 @@ mod tests {
                     trim_events_below: Some(8),
                     ..Batch::default()
                 },
-                Durability::Sync,
+                Flush::Fsync,
             )
             .unwrap();
         assert_eq!(store.read_events(0, 100, 100).unwrap()[0].0, 8);

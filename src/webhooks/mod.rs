@@ -35,9 +35,8 @@ use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::Config;
 use crate::events::EventLog;
-use crate::store::{Durability, Store, StoreError, WebhookBatch};
+use crate::store::{Flush, Store, StoreError, WebhookBatch};
 use crate::telemetry as t;
 
 pub use sink::{DeadLetter, Phase, Sink, SinkStatus, Source};
@@ -140,13 +139,14 @@ impl Webhooks {
         })
     }
 
-    /// Restores the sinks (config sinks from `cfg`, API sinks from the store), their cursors and
+    /// Restores the sinks (`configured` ones from the configuration file, API sinks from the
+    /// store), their cursors and
     /// dead letters, sets the store's event hold, and starts one task per sink plus the flusher.
     /// Call it before the publisher's first commit, so that the hold is in place before any trim.
     /// Sinks without a stored cursor start at the log head. Everything stops when `shutdown` is
     /// cancelled; [`Webhooks::stop`] then waits and makes the final flush.
     pub fn start(
-        cfg: &Config,
+        configured: &[SinkSpec],
         store: Option<Arc<Store>>,
         log: Arc<EventLog>,
         shutdown: &CancellationToken,
@@ -163,8 +163,7 @@ impl Webhooks {
             })?;
             dead.entry(id).or_default().push(dl);
         }
-        let mut defs: Vec<(SinkSpec, Source)> = cfg
-            .webhooks
+        let mut defs: Vec<(SinkSpec, Source)> = configured
             .iter()
             .map(|s| (s.clone(), Source::Config))
             .collect();
@@ -331,8 +330,7 @@ impl Webhooks {
                 cursors: vec![(s.spec.id.clone(), cursor)],
                 ..WebhookBatch::default()
             };
-            if let Err(e) =
-                run_blocking(move || store.commit_webhooks(&batch, Durability::Sync)).await
+            if let Err(e) = run_blocking(move || store.commit_webhooks(&batch, Flush::Fsync)).await
             {
                 self.write_sinks().remove(&s.spec.id);
                 self.update_hold();
@@ -380,7 +378,7 @@ impl Webhooks {
                 sinks_del: vec![id.to_string()],
                 ..WebhookBatch::default()
             };
-            run_blocking(move || store.commit_webhooks(&batch, Durability::Sync)).await?;
+            run_blocking(move || store.commit_webhooks(&batch, Flush::Fsync)).await?;
         }
         self.write_sinks().remove(id);
         s.stop.cancel();
@@ -409,7 +407,7 @@ impl Webhooks {
     /// Writes every sink's unpersisted cursor and dead-letter changes in one transaction. On
     /// failure the changes are kept for the next flush.
     /// Writes pending cursors and dead letters; true when something was committed.
-    async fn flush(&self, durability: Durability) -> bool {
+    async fn flush(&self, durability: Flush) -> bool {
         let Some(store) = self.ctx.store.clone() else {
             return false;
         };
@@ -464,7 +462,7 @@ impl Webhooks {
             return true;
         };
         let _w = self.write.lock().await;
-        run_blocking(move || store.commit_webhooks(&WebhookBatch::default(), Durability::Sync))
+        run_blocking(move || store.commit_webhooks(&WebhookBatch::default(), Flush::Fsync))
             .await
             .is_ok()
     }
@@ -489,11 +487,11 @@ impl Webhooks {
             }
             n = n.wrapping_add(1);
             if n.is_multiple_of(DURABLE_EVERY) {
-                let committed = self.flush(Durability::Sync).await;
+                let committed = self.flush(Flush::Fsync).await;
                 if committed || !unsynced || self.sync_store().await {
                     unsynced = false;
                 }
-            } else if self.flush(Durability::Async).await {
+            } else if self.flush(Flush::Deferred).await {
                 unsynced = true;
             }
             self.update_gauges();
@@ -513,7 +511,7 @@ impl Webhooks {
         {
             tracing::warn!("webhook tasks did not stop within the shutdown grace period");
         }
-        self.flush(Durability::Sync).await;
+        self.flush(Flush::Fsync).await;
         self.update_gauges();
     }
 }

@@ -18,7 +18,7 @@ pub type Ws =
 
 /// A running server plus an HTTP client pointed at it.
 pub struct Srv {
-    pub run: geodwell::Running,
+    pub svc: geodwell::Service,
     pub base: String,
     pub http: reqwest::Client,
 }
@@ -57,10 +57,10 @@ pub async fn start(extra: &str) -> Srv {
 }
 
 pub async fn start_cfg(cfg: Config) -> Srv {
-    let run = geodwell::start(cfg).await.expect("server starts");
-    let base = format!("http://{}", run.addr);
+    let svc = geodwell::Service::start(cfg).await.expect("server starts");
+    let base = format!("http://{}", svc.addr());
     Srv {
-        run,
+        svc,
         base,
         http: reqwest::Client::new(),
     }
@@ -111,7 +111,7 @@ impl Srv {
     }
 
     pub async fn ws(&self, path: &str) -> Ws {
-        let url = format!("ws://{}{}", self.run.addr, path);
+        let url = format!("ws://{}{}", self.svc.addr(), path);
         let (ws, _) = tokio_tungstenite::connect_async(url)
             .await
             .expect("websocket connects");
@@ -132,12 +132,12 @@ impl Srv {
     }
 
     pub async fn stop(self) {
-        self.run.shutdown.cancel();
-        let res = tokio::time::timeout(Duration::from_secs(15), self.run.handle).await;
-        assert!(
-            matches!(res, Ok(Ok(Ok(())))),
-            "server stops cleanly: {res:?}"
-        );
+        let res = tokio::time::timeout(
+            Duration::from_secs(15),
+            self.svc.shutdown(Duration::from_secs(10)),
+        )
+        .await;
+        assert!(matches!(res, Ok(Ok(()))), "server stops cleanly: {res:?}");
     }
 }
 

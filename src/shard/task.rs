@@ -1,5 +1,9 @@
 //! One engine shard: a tokio task that owns an [`Engine`] (its devices, pairs and timer wheel).
 //!
+//! Invariants: the task is the only code that touches its engine; every step (a batch, a fence
+//! change, a watermark advance) ends in one publisher step carrying its events, its changed
+//! device state and its waiting reply, so nothing a step did is visible before it is durable.
+//!
 //! The task `select!`s (biased, in this order) over: shutdown, its bounded message channel, and the
 //! watermark: in `live` mode a `sleep_until` the wheel's next due time, computed as a monotonic
 //! [`Instant`] from one (wall, monotonic) origin taken at start so that sleeps never drift; in
@@ -8,130 +12,66 @@
 //! Nothing here takes a lock on the hot path; events go to the shared [`EventLog`] once per step.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use metrics::{gauge, histogram};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
+use super::{FixOutcome, ShardMsg, Shards};
+use crate::clock::Watermark;
 use crate::config::ClockMode;
 use crate::events::publisher::{Publisher, Step, StepReply};
 use crate::telemetry as t;
-use geodwell_core::engine::{
-    DeviceSummary, DeviceView, Engine, EngineStats, IngestError, Ingested,
-};
+use geodwell_core::engine::Engine;
 use geodwell_core::event::Event;
-use geodwell_core::fences::Fence;
-use geodwell_core::fix::Fix;
-use geodwell_core::time::{Dur, Ts};
+use geodwell_core::time::Ts;
 
-/// Wall time derived from one (SystemTime, Instant) origin: monotonic, so it never jumps back and
-/// a deadline in wall time maps onto an exact `Instant`.
-#[derive(Debug, Clone, Copy)]
-pub struct WallClock {
-    origin: Instant,
-    origin_ms: i64,
-}
-
-impl WallClock {
-    /// Captures the origin now.
-    pub fn start() -> WallClock {
-        let origin_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
-        WallClock {
-            origin: Instant::now(),
-            origin_ms,
-        }
-    }
-
-    /// The current wall time.
-    pub fn now(&self) -> Ts {
-        Ts(self.origin_ms + self.origin.elapsed().as_millis() as i64)
-    }
-
-    /// The monotonic instant at which the wall clock reads `t`.
-    pub fn instant_at(&self, t: Ts) -> Instant {
-        let ms = (t.0 - self.origin_ms).max(0) as u64;
-        self.origin + Duration::from_millis(ms)
-    }
-}
-
-/// A fix bound for a shard, with its index in the request and the watermark it arrived under.
-#[derive(Debug, Clone)]
-pub struct StampedFix {
-    /// Position in the request.
-    pub index: usize,
-    /// The fix.
-    pub fix: Fix,
-    /// Watermark at arrival.
-    pub w: Ts,
-}
-
-/// The outcome of one fix, by request index.
-pub type FixOutcome = (usize, Result<Ingested, IngestError>);
-
-/// What a shard can be asked.
-#[derive(Debug)]
-pub enum ShardMsg {
-    /// Apply fixes (in order); answer with one outcome per fix.
-    Fixes {
-        /// The fixes.
-        fixes: Vec<StampedFix>,
-        /// When the batch arrived (for the ingest-to-event latency).
-        arrived: Instant,
-        /// The request this is part of: (request id, number of shard parts). The publisher
-        /// commits all parts of a request together, so a crash keeps all of it or none.
-        request: (u64, u32),
-        /// Where to answer (after the step is durable).
-        reply: oneshot::Sender<StepReply>,
-    },
-    /// Insert or replace a fence.
-    UpsertFence(Arc<Fence>),
-    /// Remove a fence.
-    RemoveFence(Arc<str>),
-    /// A device's state.
-    Device {
-        /// Device id.
-        id: String,
-        /// Where to answer.
-        reply: oneshot::Sender<Option<DeviceView>>,
-    },
-    /// A page of device summaries in slot order (see [`Engine::device_page`]).
-    DevicePage {
-        /// First slot.
-        from: u32,
-        /// Page length.
-        limit: usize,
-        /// Where to answer: the page and the slot to resume from.
-        reply: oneshot::Sender<(Vec<DeviceSummary>, Option<u32>)>,
-    },
-    /// Counters.
-    Stats {
-        /// Where to answer.
-        reply: oneshot::Sender<EngineStats>,
-    },
-}
-
-/// Everything a shard task needs besides its engine and channel.
+/// What every shard task shares: the watermark, the publisher, persistence and shutdown.
 #[derive(Debug, Clone)]
 pub struct ShardCtx {
-    /// Shard number (metric label).
-    pub id: usize,
-    /// Watermark mode.
-    pub clock: ClockMode,
-    /// Lateness (live mode watermark).
-    pub lateness: Dur,
-    /// Wall clock.
-    pub wall: WallClock,
-    /// Event-mode watermark, shared by all shards.
-    pub event_w: watch::Receiver<Option<Ts>>,
+    /// The service's watermark (mode, lateness, wall clock, the published event watermark).
+    pub watermark: Arc<Watermark>,
     /// Where steps go to be committed and published.
     pub publisher: Publisher,
     /// Whether device state is persisted (a store is configured).
     pub persist: bool,
-    /// Cancelled at shutdown.
+    /// Cancelled at shutdown, once ingest has stopped: the shards then drain their queues.
     pub shutdown: CancellationToken,
+    /// Batches queued per shard.
+    pub queue: usize,
+}
+
+/// One task's own view of the context.
+struct Ctx {
+    id: usize,
+    clock: ClockMode,
+    shared: ShardCtx,
+    event_w: watch::Receiver<Option<Ts>>,
+}
+
+/// Starts one task per engine (shard `k` owns `engines[k]`) and returns the handle to them and
+/// the tasks, which end after a drain once `ctx.shutdown` is cancelled.
+pub fn spawn(engines: Vec<Engine>, ctx: ShardCtx) -> (Shards, Vec<tokio::task::JoinHandle<()>>) {
+    let mut senders = Vec::with_capacity(engines.len());
+    let mut tasks = Vec::with_capacity(engines.len());
+    for (id, engine) in engines.into_iter().enumerate() {
+        let (tx, rx) = mpsc::channel(ctx.queue.max(1));
+        let task_ctx = Ctx {
+            id,
+            clock: ctx.watermark.mode(),
+            event_w: ctx.watermark.subscribe(),
+            shared: ctx.clone(),
+        };
+        senders.push(tx);
+        tasks.push(tokio::spawn(run(engine, rx, task_ctx)));
+    }
+    (
+        Shards {
+            senders: senders.into(),
+        },
+        tasks,
+    )
 }
 
 /// Wheel entries examined by one between-tick sweep (tens of microseconds).
@@ -143,17 +83,17 @@ struct Waiting {
     outcomes: Vec<FixOutcome>,
     arrived: Instant,
     request: (u64, u32),
-    max_ts: Option<geodwell_core::time::Ts>,
+    max_ts: Option<Ts>,
 }
 
 /// Runs a shard until shutdown; drains queued messages before returning.
-pub async fn run(mut engine: Engine, mut rx: mpsc::Receiver<ShardMsg>, mut ctx: ShardCtx) {
+async fn run(mut engine: Engine, mut rx: mpsc::Receiver<ShardMsg>, mut ctx: Ctx) {
     let label = ctx.id.to_string();
     let mut out: Vec<Event> = Vec::new();
     let mut carried_ticks = 0u32;
     // Warm start: deadlines that passed while the process was down are due now.
     let w0 = match ctx.clock {
-        ClockMode::Live => Some(ctx.wall.now().minus(ctx.lateness)),
+        ClockMode::Live => Some(live_w(&ctx)),
         ClockMode::Event => *ctx.event_w.borrow_and_update(),
     };
     if let Some(w) = w0 {
@@ -166,7 +106,11 @@ pub async fn run(mut engine: Engine, mut rx: mpsc::Receiver<ShardMsg>, mut ctx: 
     loop {
         let wake = match ctx.clock {
             ClockMode::Live => engine.next_due().map(|t| {
-                let at = ctx.wall.instant_at(t.plus(ctx.lateness));
+                let at = ctx
+                    .shared
+                    .watermark
+                    .wall()
+                    .instant_at(t.plus(ctx.shared.watermark.lateness()));
                 if carried_ticks > 0 {
                     Instant::now()
                 } else {
@@ -185,7 +129,7 @@ pub async fn run(mut engine: Engine, mut rx: mpsc::Receiver<ShardMsg>, mut ctx: 
         let mut waiting: Option<Waiting> = None;
         tokio::select! {
             biased;
-            _ = ctx.shutdown.cancelled() => break,
+            _ = ctx.shared.shutdown.cancelled() => break,
             msg = rx.recv() => match msg {
                 Some(msg) => waiting = handle(&mut engine, msg, &mut out),
                 None => break,
@@ -209,7 +153,7 @@ pub async fn run(mut engine: Engine, mut rx: mpsc::Receiver<ShardMsg>, mut ctx: 
         // a shard moved past fixes it had not received yet: they were judged late (seen in CI,
         // under load, as 110 late fixes of 20,000 sent in order).
         let w = match ctx.clock {
-            ClockMode::Live => Some(ctx.wall.now().minus(ctx.lateness)),
+            ClockMode::Live => Some(live_w(&ctx)),
             ClockMode::Event => {
                 let w = *ctx.event_w.borrow_and_update();
                 if rx.is_empty() { w } else { None }
@@ -233,7 +177,7 @@ pub async fn run(mut engine: Engine, mut rx: mpsc::Receiver<ShardMsg>, mut ctx: 
                 carried_ticks = 0;
             }
             gauge!(t::WATERMARK_LAG_SECONDS, "shard" => label.clone())
-                .set(ctx.wall.now().since(w).as_secs_f64());
+                .set(ctx.shared.watermark.wall().now().since(w).as_secs_f64());
         }
         if !publish(&ctx, &mut engine, &mut out, waiting).await {
             break;
@@ -288,22 +232,18 @@ fn handle(engine: &mut Engine, msg: ShardMsg, out: &mut Vec<Event>) -> Option<Wa
             let _ = reply.send(engine.device_page(from, limit));
             None
         }
-        ShardMsg::Stats { reply } => {
-            let _ = reply.send(engine.stats());
-            None
-        }
     }
 }
 
 /// Hands the step's events, changed device state and waiting reply to the publisher, which
 /// answers once they are durable. Returns false when the publisher is gone.
 async fn publish(
-    ctx: &ShardCtx,
+    ctx: &Ctx,
     engine: &mut Engine,
     out: &mut Vec<Event>,
     waiting: Option<Waiting>,
 ) -> bool {
-    let devices = if ctx.persist {
+    let devices = if ctx.shared.persist {
         engine.take_dirty()
     } else {
         Vec::new()
@@ -330,7 +270,7 @@ async fn publish(
         max_ts,
         ..Step::default()
     };
-    ctx.publisher.send(step).await.is_ok()
+    ctx.shared.publisher.send(step).await.is_ok()
 }
 
 fn report(engine: &Engine, label: &str) {
@@ -343,4 +283,10 @@ fn report(engine: &Engine, label: &str) {
         .set(s.wheel.entries.saturating_sub(s.wheel.tombstones) as f64);
     gauge!(t::WHEEL_TOMBSTONES, "shard" => l.clone()).set(s.wheel.tombstones as f64);
     gauge!(t::WHEEL_CARRY, "shard" => l).set(s.wheel.carry as f64);
+}
+
+/// The live-mode watermark now.
+fn live_w(ctx: &Ctx) -> Ts {
+    let w = &ctx.shared.watermark;
+    w.wall().now().minus(w.lateness())
 }

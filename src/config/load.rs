@@ -1,180 +1,30 @@
-//! Configuration: raw TOML + environment overrides -> a validated [`Config`].
-//!
-//! The embedded default is `config/geodwell.toml` itself (compiled in), so the documented file and
-//! the defaults cannot drift. Loading reports **every** problem at once (unknown sections and keys,
-//! wrong types, out-of-range values), each with the key it concerns, like Vector's config
-//! validation. Precedence: CLI flags > `GEODWELL_<KEY>` environment variables > the file >
-//! embedded defaults.
+//! The configuration schema and its loader: layers (embedded defaults, the file, the environment,
+//! the command line) merged key by key, then every value validated, every problem collected.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use thiserror::Error;
-
-use crate::auth::ApiKey;
 use geodwell_core::time::Dur;
 
-/// The documented default configuration, compiled in.
-pub const DEFAULT_TOML: &str = include_str!("../config/geodwell.toml");
+use super::{
+    BUILTIN_SAMPLES, ClockMode, Config, ConfigError, ConfigIssue, DEFAULT_TOML, Durability,
+    FencePreload,
+};
+use crate::auth::ApiKey;
 
-/// How the watermark moves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClockMode {
-    /// `W = wall clock - lateness`.
-    Live,
-    /// `W = max ts seen - lateness`.
-    Event,
-}
-
-impl std::str::FromStr for ClockMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "live" => Ok(ClockMode::Live),
-            "event" => Ok(ClockMode::Event),
-            _ => Err(format!("expected \"live\" or \"event\", got {s:?}")),
-        }
-    }
-}
-
-impl fmt::Display for ClockMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            ClockMode::Live => "live",
-            ClockMode::Event => "event",
-        })
-    }
-}
-
-/// A validated configuration.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Config {
-    /// Address to bind.
-    pub listen: SocketAddr,
-    /// Engine shards (resolved: never 0).
-    pub shards: usize,
-    /// Persistent state directory.
-    pub data_dir: PathBuf,
-    /// Graceful shutdown budget.
-    pub shutdown_grace: Dur,
-    /// Watermark mode.
-    pub clock: ClockMode,
-    /// Allowed arrival disorder.
-    pub lateness: Dur,
-    /// live mode: largest accepted lead of `ts` over the wall clock.
-    pub max_future: Dur,
-    /// Wheel tick.
-    pub tick: Dur,
-    /// Per-tick fire cap per shard.
-    pub max_fires_per_tick: usize,
-    /// Fences preloaded at start.
-    pub fences_file: Option<PathBuf>,
-    /// Most fences.
-    pub max_fences: usize,
-    /// Most positions per fence.
-    pub max_vertices: usize,
-    /// Largest request body.
-    pub max_body_bytes: usize,
-    /// Most fixes per request / frame.
-    pub max_batch: usize,
-    /// Longest device id.
-    pub max_device_len: usize,
-    /// Reorder buffer bound per device.
-    pub max_buffered_per_device: usize,
-    /// Queued batches per shard.
-    pub shard_queue: usize,
-    /// Event log length bound.
-    pub log_capacity: usize,
-    /// Event log age bound.
-    pub log_max_age: Dur,
-    /// Subscriber lag bound.
-    pub subscriber_queue: usize,
-    /// Largest poll `limit`.
-    pub max_poll_limit: usize,
-    /// How state is persisted.
-    pub durability: DurabilityMode,
-    /// async durability: longest time between commits.
-    pub commit_interval: Dur,
-    /// Webhook sinks from `[[webhooks]]` entries (see `docs/webhooks.md`).
-    pub webhooks: Vec<crate::webhooks::SinkSpec>,
-    /// Map page: raster tile URL template (`{z}`, `{x}`, `{y}`); `None` = plain background.
-    pub map_tile_url: Option<String>,
-    /// Map page: attribution shown with those tiles (plain text).
-    pub map_tile_attribution: Option<String>,
-    /// API keys; empty = authentication off.
-    pub api_keys: Vec<ApiKey>,
-    /// Whether `/metrics` is served without a key (`/healthz` and `/readyz` always are).
-    pub open_metrics: bool,
-}
-
-/// How state is persisted (`[store] durability`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DurabilityMode {
-    /// Commit (fsync) before answering.
-    Sync,
-    /// Commit every `commit_interval`.
-    Async,
-    /// In memory only.
-    None,
-}
-
-impl std::str::FromStr for DurabilityMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "sync" => Ok(DurabilityMode::Sync),
-            "async" => Ok(DurabilityMode::Async),
-            "none" => Ok(DurabilityMode::None),
-            _ => Err(format!(
-                "expected \"sync\", \"async\" or \"none\", got {s:?}"
-            )),
-        }
-    }
-}
-
-impl fmt::Display for DurabilityMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            DurabilityMode::Sync => "sync",
-            DurabilityMode::Async => "async",
-            DurabilityMode::None => "none",
-        })
-    }
-}
-
-/// One configuration problem.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigIssue {
-    /// `section.key`, or the section, or `(file)`.
-    pub key: String,
-    /// What is wrong.
-    pub message: String,
-}
-
-/// Every problem found while loading a configuration.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub struct ConfigError {
-    /// Where the configuration came from.
-    pub source_name: String,
-    /// The problems, in file order.
-    pub issues: Vec<ConfigIssue>,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
-            f,
-            "{} has {} error(s):",
-            self.source_name,
-            self.issues.len()
-        )?;
-        for i in &self.issues {
-            writeln!(f, "  - {}: {}", i.key, i.message)?;
-        }
-        Ok(())
-    }
+/// Where a configuration comes from, besides the embedded defaults.
+#[derive(Debug, Clone, Default)]
+pub struct Sources<'a> {
+    /// The configuration file: its name (for messages), its text, and the directory its relative
+    /// paths resolve against (`None`: the working directory).
+    pub file: Option<(&'a str, &'a str, Option<&'a Path>)>,
+    /// `GEODWELL_*` environment variables (see [`Config::env_overrides`]).
+    pub env: BTreeMap<String, String>,
+    /// Command-line overrides by key (e.g. `listen`), with the flag that set them.
+    pub cli: Vec<(&'static str, &'static str, String)>,
+    /// CPU cores, which `shards = 0` resolves to.
+    pub cores: usize,
 }
 
 #[derive(Clone, Copy)]
@@ -190,7 +40,8 @@ enum Kind {
     Clock,
     Durability,
     Path,
-    OptPath,
+    /// `""`, `builtin:samples` or a path.
+    Preload,
     /// Optional http(s) tile URL template; "" = none.
     TileUrl,
     /// Optional free text; "" = none.
@@ -221,7 +72,7 @@ const SCHEMA: &[(&str, &str, Kind)] = &[
             max: usize::MAX,
         },
     ),
-    ("fences", "fences_file", Kind::OptPath),
+    ("fences", "fences_file", Kind::Preload),
     (
         "fences",
         "max_fences",
@@ -318,6 +169,15 @@ enum Val {
     Int(i64),
 }
 
+/// One key's winning value: where it came from (for messages), the value, and the directory a
+/// relative path in it resolves against.
+#[derive(Debug, Clone)]
+struct Setting {
+    name: String,
+    val: Val,
+    base: Option<PathBuf>,
+}
+
 impl Config {
     /// The embedded defaults (with `cores` shards when `shards = 0`).
     pub fn defaults(cores: usize) -> Config {
@@ -325,24 +185,40 @@ impl Config {
     }
 
     /// Loads `file` (name, text) over the embedded defaults, then applies `env` (already filtered
-    /// to `GEODWELL_*` variables, or empty). `cores` resolves `shards = 0`.
+    /// to `GEODWELL_*` variables, or empty). `cores` resolves `shards = 0`. Relative paths resolve
+    /// against the working directory; [`Config::load_sources`] takes the file's directory.
     pub fn load(
         file: Option<(&str, &str)>,
         env: &BTreeMap<String, String>,
         cores: usize,
     ) -> Result<Config, ConfigError> {
-        let source_name = file.map_or("embedded defaults".to_string(), |(n, _)| n.to_string());
+        Config::load_sources(&Sources {
+            file: file.map(|(name, text)| (name, text, None)),
+            env: env.clone(),
+            cli: Vec::new(),
+            cores,
+        })
+    }
+
+    /// Loads every layer of `src` over the embedded defaults and validates the result.
+    pub fn load_sources(src: &Sources<'_>) -> Result<Config, ConfigError> {
+        let (file, env, cores) = (src.file, &src.env, src.cores);
+        let source_name = file.map_or("embedded defaults".to_string(), |(n, _, _)| n.to_string());
         let mut issues = Vec::new();
-        let mut values: BTreeMap<&str, (String, Val)> = BTreeMap::new();
+        let mut values: BTreeMap<&str, Setting> = BTreeMap::new();
         // `auth.api_keys` from a file: the only array-valued key, kept raw until the builder.
         let mut raw_keys: Option<(String, Vec<toml::Value>)> = None;
         let mut webhooks_raw: Option<toml::Value> = None;
         // Defaults first, then the file over them.
-        let mut layers = vec![("embedded defaults", DEFAULT_TOML)];
-        if let Some((name, text)) = file {
-            layers.push((name, text));
+        let mut layers = vec![("embedded defaults", DEFAULT_TOML, None)];
+        if let Some((name, text, dir)) = file {
+            layers.push((
+                name,
+                text,
+                Some(dir.map_or_else(PathBuf::new, Path::to_path_buf)),
+            ));
         }
-        for (layer_name, text) in layers {
+        for (layer_name, text, base) in layers {
             let table: toml::Table = match text.parse() {
                 Ok(t) => t,
                 Err(e) => {
@@ -408,7 +284,14 @@ impl Config {
                             continue;
                         }
                     };
-                    values.insert(k, (format!("{section}.{key}"), val));
+                    values.insert(
+                        k,
+                        Setting {
+                            name: format!("{section}.{key}"),
+                            val,
+                            base: base.clone(),
+                        },
+                    );
                 }
             }
         }
@@ -417,9 +300,27 @@ impl Config {
             if let Some(v) = env.get(&var) {
                 values.insert(
                     key,
-                    (format!("{section}.{key} (from {var})"), Val::Str(v.clone())),
+                    Setting {
+                        name: format!("{section}.{key} (from {var})"),
+                        val: Val::Str(v.clone()),
+                        base: None,
+                    },
                 );
             }
+        }
+        for (key, flag, v) in &src.cli {
+            let Some(&(section, k, _)) = SCHEMA.iter().find(|(_, k, _)| k == key) else {
+                issues.push(issue(flag, "no such configuration key"));
+                continue;
+            };
+            values.insert(
+                k,
+                Setting {
+                    name: format!("{section}.{k} (from {flag})"),
+                    val: Val::Str(v.clone()),
+                    base: None,
+                },
+            );
         }
         for var in env.keys() {
             let known = SCHEMA
@@ -446,7 +347,7 @@ impl Config {
             max_future: b.dur("max_future"),
             tick: b.dur("tick"),
             max_fires_per_tick: b.count("max_fires_per_tick"),
-            fences_file: b.path("fences_file"),
+            fences_file: b.preload("fences_file"),
             max_fences: b.count("max_fences"),
             max_vertices: b.count("max_vertices"),
             max_body_bytes: b.count("max_body_bytes"),
@@ -467,13 +368,14 @@ impl Config {
             open_metrics: b.bool("open_metrics"),
         };
         let mut cfg = cfg;
+        // The one place `shards = 0` is resolved.
         if cfg.shards == 0 {
             cfg.shards = b.cores.max(1);
         }
         if cfg.tick > Dur::from_mins(1) {
             b.issues.push(issue("time.tick", "must be at most 60s"));
         }
-        let (webhooks, webhook_issues) = crate::webhooks::spec::from_config(webhooks_raw.as_ref());
+        let (webhooks, webhook_issues) = super::webhooks::from_config(webhooks_raw.as_ref());
         cfg.webhooks = webhooks;
         b.issues.extend(webhook_issues);
         if b.issues.is_empty() {
@@ -548,7 +450,7 @@ fn keys_of(section: &str) -> String {
 }
 
 struct Builder<'a> {
-    values: BTreeMap<&'a str, (String, Val)>,
+    values: BTreeMap<&'a str, Setting>,
     issues: Vec<ConfigIssue>,
     cores: usize,
 }
@@ -559,8 +461,16 @@ impl Builder<'_> {
             .iter()
             .find(|(_, k, _)| *k == key)
             .map(|(_, _, k)| *k)?;
-        let (name, v) = self.values.get(key)?.clone();
-        Some((name, v, kind))
+        let s = self.values.get(key)?.clone();
+        Some((s.name, s.val, kind))
+    }
+
+    /// A relative `path` from a file layer, resolved against that file's directory.
+    fn resolve(&self, key: &str, path: PathBuf) -> PathBuf {
+        match self.values.get(key).and_then(|s| s.base.as_ref()) {
+            Some(base) if path.is_relative() && !base.as_os_str().is_empty() => base.join(path),
+            _ => path,
+        }
     }
 
     fn fail(&mut self, name: String, message: String) {
@@ -650,9 +560,9 @@ impl Builder<'_> {
         })
     }
 
-    fn durability(&mut self, key: &str) -> DurabilityMode {
+    fn durability(&mut self, key: &str) -> Durability {
         let Some((name, v, _)) = self.get(key) else {
-            return DurabilityMode::Sync;
+            return Durability::Sync;
         };
         let text = match v {
             Val::Int(i) => i.to_string(),
@@ -660,7 +570,7 @@ impl Builder<'_> {
         };
         text.parse().unwrap_or_else(|e| {
             self.fail(name, e);
-            DurabilityMode::Sync
+            Durability::Sync
         })
     }
 
@@ -804,91 +714,35 @@ impl Builder<'_> {
     }
 
     fn path(&mut self, key: &str) -> Option<PathBuf> {
-        let (name, v, kind) = self.get(key)?;
+        let (name, v, _) = self.get(key)?;
         match v {
-            Val::Str(s) if s.is_empty() && matches!(kind, Kind::OptPath) => None,
             Val::Str(s) if s.is_empty() => {
                 self.fail(name, "must not be empty".into());
                 None
             }
-            Val::Str(s) => Some(PathBuf::from(s)),
+            Val::Str(s) => Some(self.resolve(key, PathBuf::from(s))),
             Val::Int(i) => {
                 self.fail(name, format!("expected a path string, got {i}"));
                 None
             }
         }
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn embedded_defaults_are_valid() {
-        let c = Config::defaults(2);
-        assert_eq!(c.shards, 2);
-        assert_eq!(c.listen, "127.0.0.1:7878".parse().unwrap());
-        assert_eq!(c.clock, ClockMode::Live);
-        assert_eq!(c.lateness, Dur::from_secs(2));
-        assert_eq!(c.max_body_bytes, 8 * 1024 * 1024);
-        assert_eq!(c.fences_file, Some(PathBuf::from("config/fences.geojson")));
-    }
-
-    #[test]
-    fn every_error_is_reported_at_once() {
-        let text = r#"
-            [server]
-            listen = "nowhere"
-            colour = "blue"
-            [time]
-            clock = "sundial"
-            tick = "0s"
-            [bogus]
-            x = 1
-            [ingest]
-            max_batch = -5
-        "#;
-        let err = Config::load(Some(("t.toml", text)), &BTreeMap::new(), 1).unwrap_err();
-        let keys: Vec<&str> = err.issues.iter().map(|i| i.key.as_str()).collect();
-        for k in [
-            "server.colour",
-            "bogus",
-            "server.listen",
-            "time.clock",
-            "time.tick",
-            "ingest.max_batch",
-        ] {
-            assert!(keys.contains(&k), "{k} missing from {keys:?}");
+    fn preload(&mut self, key: &str) -> FencePreload {
+        let Some((name, v, _)) = self.get(key) else {
+            return FencePreload::None;
+        };
+        match v {
+            Val::Str(s) if s.is_empty() => FencePreload::None,
+            Val::Str(s) if s == BUILTIN_SAMPLES => FencePreload::Samples,
+            Val::Str(s) => FencePreload::File(self.resolve(key, PathBuf::from(s))),
+            Val::Int(i) => {
+                self.fail(
+                    name,
+                    format!("expected a path, \"{BUILTIN_SAMPLES}\" or \"\", got {i}"),
+                );
+                FencePreload::None
+            }
         }
-        assert!(err.to_string().contains("6 error(s)"), "{err}");
-    }
-
-    #[test]
-    fn env_overrides_win_and_unknown_ones_are_reported() {
-        let env: BTreeMap<String, String> = [
-            ("GEODWELL_LATENESS".to_string(), "5s".to_string()),
-            ("GEODWELL_CLOCK".to_string(), "event".to_string()),
-            ("GEODWELL_SHARDS".to_string(), "3".to_string()),
-        ]
-        .into();
-        let c = Config::load(None, &env, 8).unwrap();
-        assert_eq!(
-            (c.lateness, c.clock, c.shards),
-            (Dur::from_secs(5), ClockMode::Event, 3)
-        );
-        let bad: BTreeMap<String, String> = [("GEODWELL_NOPE".to_string(), "1".to_string())].into();
-        assert!(Config::load(None, &bad, 1).is_err());
-    }
-
-    #[test]
-    fn empty_fences_file_means_none() {
-        let c = Config::load(
-            Some(("t", "[fences]\nfences_file = \"\"\n")),
-            &BTreeMap::new(),
-            1,
-        )
-        .unwrap();
-        assert_eq!(c.fences_file, None);
     }
 }

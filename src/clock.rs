@@ -1,0 +1,194 @@
+//! Time for the shell: the wall clock, and the watermark every ingested fix is stamped with.
+//!
+//! Invariants:
+//! - [`WallClock`] is derived from one (SystemTime, Instant) origin: it never goes back, and a
+//!   wall-clock deadline maps onto an exact monotonic [`Instant`] (so sleeps never drift).
+//! - [`Watermark`] in `live` mode is `wall - lateness`; in `event` mode it is `max ts seen -
+//!   lateness`, where "seen" counts every fix stamped so far, and the value shards are told about
+//!   ([`Watermark::publish`]) only moves forward and only to stamps of batches already sent to
+//!   them (so a shard never moves past fixes it has not received yet).
+//!
+//! The core never reads a clock: these values are the arguments the shell passes it.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use geodwell_core::time::{Dur, Ts};
+use tokio::sync::watch;
+
+use crate::config::ClockMode;
+
+/// Wall time derived from one (SystemTime, Instant) origin: monotonic, so it never jumps back and
+/// a deadline in wall time maps onto an exact `Instant`.
+#[derive(Debug, Clone, Copy)]
+pub struct WallClock {
+    origin: Instant,
+    origin_ms: i64,
+}
+
+impl WallClock {
+    /// Captures the origin now.
+    pub fn start() -> WallClock {
+        let origin_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        WallClock {
+            origin: Instant::now(),
+            origin_ms,
+        }
+    }
+
+    /// The current wall time.
+    pub fn now(&self) -> Ts {
+        Ts(self.origin_ms + self.origin.elapsed().as_millis() as i64)
+    }
+
+    /// The monotonic instant at which the wall clock reads `t`.
+    pub fn instant_at(&self, t: Ts) -> Instant {
+        let ms = (t.0 - self.origin_ms).max(0) as u64;
+        self.origin + Duration::from_millis(ms)
+    }
+}
+
+/// The service's watermark: how fixes are stamped at ingest and what shards advance to.
+#[derive(Debug)]
+pub struct Watermark {
+    mode: ClockMode,
+    lateness: Dur,
+    wall: WallClock,
+    /// event mode: the largest `ts` stamped so far (Unix ms), `i64::MIN` before any.
+    max_seen: AtomicI64,
+    /// event mode: the watermark published to the shards.
+    published: watch::Sender<Option<Ts>>,
+}
+
+impl Watermark {
+    /// A watermark in `mode`, restored from `max_seen` (the largest fix time a previous run
+    /// committed; event mode) and starting at `restored` (what shards resume from).
+    pub fn new(
+        mode: ClockMode,
+        lateness: Dur,
+        wall: WallClock,
+        max_seen: Option<i64>,
+        restored: Option<Ts>,
+    ) -> Watermark {
+        let (published, _) = watch::channel(match mode {
+            ClockMode::Event => restored,
+            ClockMode::Live => None,
+        });
+        Watermark {
+            mode,
+            lateness,
+            wall,
+            max_seen: AtomicI64::new(max_seen.unwrap_or(i64::MIN)),
+            published,
+        }
+    }
+
+    /// The clock mode.
+    pub fn mode(&self) -> ClockMode {
+        self.mode
+    }
+
+    /// The configured lateness.
+    pub fn lateness(&self) -> Dur {
+        self.lateness
+    }
+
+    /// The wall clock.
+    pub fn wall(&self) -> WallClock {
+        self.wall
+    }
+
+    /// The watermark a fix at `ts` arriving now is judged against: live, `wall - lateness`;
+    /// event, the largest `ts` stamped so far (this one included) minus lateness.
+    pub fn stamp(&self, ts: Ts, wall_now: Ts) -> Ts {
+        match self.mode {
+            ClockMode::Live => wall_now.minus(self.lateness),
+            ClockMode::Event => {
+                let prev = self.max_seen.fetch_max(ts.0, Ordering::AcqRel);
+                Ts(prev.max(ts.0)).minus(self.lateness)
+            }
+        }
+    }
+
+    /// event mode: tells every shard about `w`, the largest stamp of a batch that has just been
+    /// sent to them (no-op in live mode, or when `w` is not ahead). Publishing the batch's own
+    /// stamp rather than the global maximum matters: another batch may have been stamped higher
+    /// and not be sent yet, and a shard that moved past its fixes first would find them late.
+    pub fn publish(&self, w: Option<Ts>) {
+        if self.mode != ClockMode::Event {
+            return;
+        }
+        if let Some(w) = w {
+            self.published.send_if_modified(|cur| {
+                if cur.is_none_or(|c| c < w) {
+                    *cur = Some(w);
+                    true
+                } else {
+                    false
+                }
+            });
+        }
+    }
+
+    /// event mode: a receiver of the published watermark, for a shard.
+    pub fn subscribe(&self) -> watch::Receiver<Option<Ts>> {
+        self.published.subscribe()
+    }
+
+    /// The current watermark: live = wall - lateness; event = the published one (`None` before
+    /// the first fix).
+    pub fn current(&self) -> Option<Ts> {
+        match self.mode {
+            ClockMode::Live => Some(self.wall.now().minus(self.lateness)),
+            ClockMode::Event => *self.published.borrow(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_stamps_follow_the_largest_ts_and_publish_only_moves_forward() {
+        let w = Watermark::new(
+            ClockMode::Event,
+            Dur::from_secs(2),
+            WallClock::start(),
+            None,
+            None,
+        );
+        let now = Ts(0);
+        assert_eq!(w.stamp(Ts(10_000), now), Ts(8_000));
+        assert_eq!(
+            w.stamp(Ts(5_000), now),
+            Ts(8_000),
+            "an older fix keeps the max"
+        );
+        assert_eq!(w.current(), None, "nothing published yet");
+        w.publish(Some(Ts(8_000)));
+        w.publish(Some(Ts(7_000)));
+        assert_eq!(w.current(), Some(Ts(8_000)));
+    }
+
+    #[test]
+    fn live_stamps_are_wall_minus_lateness() {
+        let w = Watermark::new(
+            ClockMode::Live,
+            Dur::from_secs(2),
+            WallClock::start(),
+            None,
+            None,
+        );
+        assert_eq!(w.stamp(Ts(1), Ts(10_000)), Ts(8_000));
+        w.publish(Some(Ts(99_999_999)));
+        let now = WallClock::start().now();
+        let cur = w.current().unwrap();
+        assert!(
+            cur <= now.minus(Dur::from_secs(2)) && cur > now.minus(Dur::from_secs(60)),
+            "live: wall - lateness, whatever was published ({cur})"
+        );
+    }
+}

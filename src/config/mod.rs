@@ -1,0 +1,208 @@
+//! Configuration: raw TOML, environment and command-line overrides -> a validated [`Config`].
+//!
+//! - `load.rs`: the schema and the loader (every layer, every problem reported at once).
+//! - `webhooks.rs`: the `[[webhooks]]` array, validated by the sink definitions' own validator.
+//!
+//! Invariants of a [`Config`]: every value is in range; `shards` is resolved (never 0);
+//! relative paths that came from a configuration file are resolved against that file's
+//! directory (paths from the environment, the command line or the embedded defaults are relative
+//! to the working directory); nothing was created or opened while loading.
+//!
+//! The embedded default is `config/geodwell.toml` itself (compiled in), so the documented file and
+//! the defaults cannot drift. Precedence: command-line flags > `GEODWELL_<KEY>` environment
+//! variables > the file > embedded defaults.
+
+mod load;
+#[cfg(test)]
+mod tests;
+mod webhooks;
+
+pub use load::Sources;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+use crate::auth::ApiKey;
+use geodwell_core::time::Dur;
+
+/// The documented default configuration, compiled in.
+pub const DEFAULT_TOML: &str = include_str!("../../config/geodwell.toml");
+
+/// The sample fences compiled into the binary (`fences_file = "builtin:samples"`, the embedded
+/// default), so that the embedded defaults run from any directory.
+pub const SAMPLE_FENCES: &str = include_str!("../../config/fences.geojson");
+
+/// The `fences_file` value that names [`SAMPLE_FENCES`].
+pub const BUILTIN_SAMPLES: &str = "builtin:samples";
+
+/// Which fences seed an empty store at start (`[fences] fences_file`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FencePreload {
+    /// None: the service starts without fences.
+    None,
+    /// The sample fences compiled into the binary ([`SAMPLE_FENCES`]).
+    Samples,
+    /// A GeoJSON FeatureCollection file.
+    File(PathBuf),
+}
+
+/// How the watermark moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClockMode {
+    /// `W = wall clock - lateness`.
+    Live,
+    /// `W = max ts seen - lateness`.
+    Event,
+}
+
+impl std::str::FromStr for ClockMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "live" => Ok(ClockMode::Live),
+            "event" => Ok(ClockMode::Event),
+            _ => Err(format!("expected \"live\" or \"event\", got {s:?}")),
+        }
+    }
+}
+
+impl fmt::Display for ClockMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ClockMode::Live => "live",
+            ClockMode::Event => "event",
+        })
+    }
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Address to bind.
+    pub listen: SocketAddr,
+    /// Engine shards (resolved: never 0).
+    pub shards: usize,
+    /// Persistent state directory.
+    pub data_dir: PathBuf,
+    /// Graceful shutdown budget.
+    pub shutdown_grace: Dur,
+    /// Watermark mode.
+    pub clock: ClockMode,
+    /// Allowed arrival disorder.
+    pub lateness: Dur,
+    /// Largest accepted lead of a fix's `ts` over the wall clock.
+    pub max_future: Dur,
+    /// Wheel tick.
+    pub tick: Dur,
+    /// Per-tick fire cap per shard.
+    pub max_fires_per_tick: usize,
+    /// Fences that seed an empty store at start.
+    pub fences_file: FencePreload,
+    /// Most fences.
+    pub max_fences: usize,
+    /// Most positions per fence.
+    pub max_vertices: usize,
+    /// Largest request body.
+    pub max_body_bytes: usize,
+    /// Most fixes per request / frame.
+    pub max_batch: usize,
+    /// Longest device id.
+    pub max_device_len: usize,
+    /// Reorder buffer bound per device.
+    pub max_buffered_per_device: usize,
+    /// Queued batches per shard.
+    pub shard_queue: usize,
+    /// Event log length bound.
+    pub log_capacity: usize,
+    /// Event log age bound.
+    pub log_max_age: Dur,
+    /// Subscriber lag bound.
+    pub subscriber_queue: usize,
+    /// Largest poll `limit`.
+    pub max_poll_limit: usize,
+    /// How state is persisted.
+    pub durability: Durability,
+    /// async durability: longest time between commits.
+    pub commit_interval: Dur,
+    /// Webhook sinks from `[[webhooks]]` entries (see `docs/webhooks.md`).
+    pub webhooks: Vec<crate::webhooks::SinkSpec>,
+    /// Map page: raster tile URL template (`{z}`, `{x}`, `{y}`); `None` = plain background.
+    pub map_tile_url: Option<String>,
+    /// Map page: attribution shown with those tiles (plain text).
+    pub map_tile_attribution: Option<String>,
+    /// API keys; empty = authentication off.
+    pub api_keys: Vec<ApiKey>,
+    /// Whether `/metrics` is served without a key (`/healthz` and `/readyz` always are).
+    pub open_metrics: bool,
+}
+
+/// How state is persisted (`[store] durability`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Commit (fsync) before answering.
+    Sync,
+    /// Commit every `commit_interval`.
+    Async,
+    /// In memory only.
+    None,
+}
+
+impl std::str::FromStr for Durability {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "sync" => Ok(Durability::Sync),
+            "async" => Ok(Durability::Async),
+            "none" => Ok(Durability::None),
+            _ => Err(format!(
+                "expected \"sync\", \"async\" or \"none\", got {s:?}"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for Durability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Durability::Sync => "sync",
+            Durability::Async => "async",
+            Durability::None => "none",
+        })
+    }
+}
+
+/// One configuration problem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigIssue {
+    /// `section.key`, or the section, or `(file)`.
+    pub key: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// Every problem found while loading a configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub struct ConfigError {
+    /// Where the configuration came from.
+    pub source_name: String,
+    /// The problems, in file order.
+    pub issues: Vec<ConfigIssue>,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{} has {} error(s):",
+            self.source_name,
+            self.issues.len()
+        )?;
+        for i in &self.issues {
+            writeln!(f, "  - {}: {}", i.key, i.message)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,355 @@
+//! The running service: [`Service::spawn`] boots it (warm start), starts its tasks and serves
+//! the API on a bound listener; [`Service::shutdown`] stops it in order within one deadline.
+//!
+//! Start order: warm start ([`crate::boot::boot`]) -> webhook sinks (their cursors hold back the
+//! store's event trimming before the first commit) -> the publisher -> the shards -> the fence
+//! registry (persisting a preload into an empty store) -> the HTTP server.
+//!
+//! Stop order, all within one deadline (`grace` from the moment shutdown begins): stop accepting
+//! and finish in-flight requests -> WebSocket tasks say goodbye -> webhook sinks stop and write
+//! their cursors -> the shards drain their queues -> the publisher makes its last commit. Work
+//! that is still running at the deadline is aborted, and the log says which.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use thiserror::Error;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::boot::{BootError, Booted, boot, fence_limits};
+use crate::clock::{WallClock, Watermark};
+use crate::config::{Config, Durability};
+use crate::events::publisher::{self, CommitPolicy, PublisherCfg};
+use crate::fences::FenceRegistry;
+use crate::ingest::Ingest;
+use crate::shard::{self, ShardCtx};
+use crate::state::{AppState, Parts};
+use crate::webhooks::{WebhookError, Webhooks};
+use crate::wire::FixLimits;
+use crate::{http, telemetry};
+
+/// Why the service could not start, or stopped with an error.
+#[derive(Debug, Error)]
+pub enum ServiceError {
+    /// The warm start failed (nothing was served).
+    #[error(transparent)]
+    Boot(#[from] BootError),
+    /// The webhook sinks could not be restored.
+    #[error("webhooks")]
+    Webhooks(#[source] WebhookError),
+    /// The preloaded fences could not be stored.
+    #[error("cannot store the preloaded fences")]
+    Seed(#[source] crate::fences::FenceWriteError),
+    /// The listener failed.
+    #[error("server")]
+    Io(#[from] std::io::Error),
+    /// The warm start task panicked or was cancelled.
+    #[error("the warm start did not finish: {0}")]
+    Join(String),
+}
+
+/// A running service.
+#[derive(Debug)]
+pub struct Service {
+    addr: SocketAddr,
+    state: Arc<AppState>,
+    trigger: CancellationToken,
+    deadline: Arc<Mutex<Option<Instant>>>,
+    task: JoinHandle<Result<(), ServiceError>>,
+}
+
+impl Service {
+    /// Boots the service from `cfg` and serves on `listener` in the background. Returns once the
+    /// warm start is done and the server accepts requests; a start that fails returns its error
+    /// and leaves nothing running.
+    pub async fn spawn(cfg: Config, listener: TcpListener) -> Result<Service, ServiceError> {
+        let addr = listener.local_addr()?;
+        let metrics = telemetry::install();
+        let wall = WallClock::start();
+        let boot_cfg = cfg.clone();
+        let booted = tokio::task::spawn_blocking(move || boot(&boot_cfg))
+            .await
+            .map_err(|e| ServiceError::Join(e.to_string()))??;
+        let Booted {
+            store,
+            log,
+            fences,
+            seed,
+            engines,
+            watermark: restored_w,
+            max_seen,
+            summary,
+            took,
+            ..
+        } = booted;
+        let trigger = CancellationToken::new();
+        let watermark = Arc::new(Watermark::new(
+            cfg.clock,
+            cfg.lateness,
+            wall,
+            max_seen,
+            restored_w,
+        ));
+        let webhooks = Webhooks::start(&cfg.webhooks, store.clone(), log.clone(), &trigger)
+            .map_err(ServiceError::Webhooks)?;
+        let publisher_stop = CancellationToken::new();
+        let (publisher, publisher_task) = publisher::spawn(
+            PublisherCfg {
+                store: store.clone(),
+                policy: match cfg.durability {
+                    Durability::Async => CommitPolicy::Interval(Duration::from_millis(
+                        cfg.commit_interval.millis().max(1) as u64,
+                    )),
+                    Durability::Sync | Durability::None => CommitPolicy::Immediate,
+                },
+                restored_max_seen: max_seen,
+                log_capacity: cfg.log_capacity,
+                queue: 4096,
+                stop: publisher_stop.clone(),
+            },
+            log.clone(),
+            wall,
+        );
+        let shard_stop = CancellationToken::new();
+        let (shards, shard_tasks) = shard::spawn(
+            engines,
+            ShardCtx {
+                watermark: watermark.clone(),
+                publisher: publisher.clone(),
+                persist: store.is_some(),
+                shutdown: shard_stop.clone(),
+                queue: cfg.shard_queue,
+            },
+        );
+        let registry = FenceRegistry::new(
+            &fences,
+            fence_limits(&cfg),
+            cfg.max_fences,
+            publisher,
+            shards.clone(),
+        );
+        if seed {
+            registry.persist_all().await.map_err(ServiceError::Seed)?;
+        }
+        if store.is_some() {
+            tracing::info!(
+                data_dir = %cfg.data_dir.display(),
+                durability = %cfg.durability,
+                devices = summary.restored.devices,
+                pairs = summary.restored.pairs,
+                timers = summary.timers,
+                buffered_fixes = summary.restored.buffered,
+                dropped_pairs = summary.restored.dropped_pairs,
+                events = summary.events,
+                next_seq = summary.next_seq,
+                watermark = %restored_w.map_or("none".to_string(), |w| w.to_string()),
+                took_ms = took.as_millis() as u64,
+                "state restored"
+            );
+        }
+        let limits = FixLimits {
+            max_device_len: cfg.max_device_len,
+            max_future: match cfg.clock {
+                crate::config::ClockMode::Live => Some(cfg.max_future),
+                crate::config::ClockMode::Event => None,
+            },
+        };
+        let state = Arc::new(AppState::new(Parts {
+            ingest: Ingest::new(limits, watermark.clone(), shards.clone()),
+            shards,
+            fences: registry,
+            log,
+            webhooks: webhooks.clone(),
+            watermark,
+            metrics,
+            shutdown: trigger.clone(),
+            cfg: cfg.clone(),
+        }));
+        tracing::info!(%addr, shards = cfg.shards, clock = %cfg.clock, lateness = %cfg.lateness, durability = %cfg.durability, fences = fences.len(), "geodwell listening");
+        warn_if_open(&cfg, addr);
+        let deadline = Arc::new(Mutex::new(None));
+        let stopping = Stopping {
+            state: state.clone(),
+            trigger: trigger.clone(),
+            deadline: deadline.clone(),
+            default_grace: Duration::from_millis(cfg.shutdown_grace.millis().max(0) as u64),
+            webhooks,
+            shard_stop,
+            shard_tasks,
+            publisher_stop,
+            publisher_task,
+        };
+        let router = http::router(state.clone());
+        let task = tokio::spawn(serve(listener, router, stopping));
+        Ok(Service {
+            addr,
+            state,
+            trigger,
+            deadline,
+            task,
+        })
+    }
+
+    /// Binds `cfg.listen` (port 0: an ephemeral port) and spawns the service on it.
+    pub async fn start(cfg: Config) -> Result<Service, ServiceError> {
+        let listener = TcpListener::bind(cfg.listen).await?;
+        Service::spawn(cfg, listener).await
+    }
+
+    /// The address the service listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The service's router, for in-process requests (`tower::ServiceExt::oneshot`); it serves
+    /// the same state as the listener.
+    pub fn router(&self) -> axum::Router {
+        http::router(self.state.clone())
+    }
+
+    /// Starts the shutdown: everything must be stopped within `grace` from now.
+    pub fn begin_shutdown(&self, grace: Duration) {
+        {
+            let mut d = self.deadline.lock().unwrap_or_else(|p| p.into_inner());
+            let at = Instant::now() + grace;
+            // A second call can only bring the deadline forward.
+            *d = Some(d.map_or(at, |cur| cur.min(at)));
+        }
+        self.trigger.cancel();
+    }
+
+    /// Stops the service within `grace` (see the module docs for the order) and returns once it
+    /// has stopped.
+    pub async fn shutdown(self, grace: Duration) -> Result<(), ServiceError> {
+        self.begin_shutdown(grace);
+        self.wait().await
+    }
+
+    /// Waits until the service has stopped (after [`Service::begin_shutdown`], or an error).
+    pub async fn wait(self) -> Result<(), ServiceError> {
+        let Service { state, task, .. } = self;
+        drop(state);
+        task.await
+            .unwrap_or_else(|e| Err(ServiceError::Join(e.to_string())))
+    }
+}
+
+/// What the serve task needs to stop the service in order.
+struct Stopping {
+    state: Arc<AppState>,
+    trigger: CancellationToken,
+    deadline: Arc<Mutex<Option<Instant>>>,
+    default_grace: Duration,
+    webhooks: Arc<Webhooks>,
+    shard_stop: CancellationToken,
+    shard_tasks: Vec<JoinHandle<()>>,
+    publisher_stop: CancellationToken,
+    publisher_task: JoinHandle<()>,
+}
+
+/// Serves until shutdown begins, then stops every part in order within the deadline.
+async fn serve(
+    listener: TcpListener,
+    router: axum::Router,
+    s: Stopping,
+) -> Result<(), ServiceError> {
+    let server = axum::serve(listener, router)
+        .with_graceful_shutdown(s.trigger.clone().cancelled_owned())
+        .into_future();
+    tokio::pin!(server);
+    let mut served = tokio::select! {
+        r = &mut server => Some(r),
+        _ = s.trigger.cancelled() => None,
+    };
+    // Whoever cancelled without a deadline (an error path) gets the configured grace.
+    let deadline = {
+        let mut d = s.deadline.lock().unwrap_or_else(|p| p.into_inner());
+        *d.get_or_insert_with(|| Instant::now() + s.default_grace)
+    };
+    s.trigger.cancel();
+    let mut aborted: Vec<&str> = Vec::new();
+    if served.is_none() {
+        served = match tokio::time::timeout_at(deadline, &mut server).await {
+            Ok(r) => Some(r),
+            Err(_) => {
+                aborted.push("in-flight HTTP requests");
+                None
+            }
+        };
+    }
+    // WebSocket tasks see the token and say goodbye.
+    let tasks = s.state.tasks().clone();
+    tasks.close();
+    if tokio::time::timeout_at(deadline, tasks.wait())
+        .await
+        .is_err()
+    {
+        aborted.push("WebSocket tasks");
+    }
+    // Webhook sinks stop and write their cursors (fsync'd) while the store is still open.
+    s.webhooks
+        .stop(deadline.saturating_duration_since(Instant::now()))
+        .await;
+    // The shards drain their queues, then the publisher commits what they handed it.
+    s.shard_stop.cancel();
+    for mut t in s.shard_tasks {
+        if tokio::time::timeout_at(deadline, &mut t).await.is_err() {
+            t.abort();
+            if !aborted.contains(&"shards") {
+                aborted.push("shards");
+            }
+        }
+    }
+    drop(s.state);
+    s.publisher_stop.cancel();
+    let mut publisher_task = s.publisher_task;
+    if tokio::time::timeout_at(deadline, &mut publisher_task)
+        .await
+        .is_err()
+    {
+        publisher_task.abort();
+        aborted.push("the final state commit");
+    }
+    if aborted.is_empty() {
+        tracing::info!("geodwell stopped");
+    } else {
+        tracing::warn!(
+            aborted = %aborted.join(", "),
+            "geodwell stopped at the shutdown deadline; what was still running was aborted"
+        );
+    }
+    match served {
+        Some(r) => r.map_err(ServiceError::Io),
+        None => Ok(()),
+    }
+}
+
+/// Says loudly when authentication is off; louder when the address is reachable from other
+/// machines.
+fn warn_if_open(cfg: &Config, addr: SocketAddr) {
+    if !cfg.api_keys.is_empty() {
+        tracing::info!(
+            keys = cfg.api_keys.len(),
+            open_metrics = cfg.open_metrics,
+            "authentication is on"
+        );
+        return;
+    }
+    if addr.ip().is_loopback() {
+        tracing::warn!(
+            %addr,
+            "AUTHENTICATION IS OFF: any local process can send fixes, read events and change fences. \
+             Configure [auth] api_keys (or GEODWELL_API_KEYS) before exposing this service."
+        );
+    } else {
+        tracing::error!(
+            %addr,
+            "AUTHENTICATION IS OFF ON A NON-LOOPBACK ADDRESS: anyone who can reach this address can \
+             send fixes, read events and change fences. Configure [auth] api_keys (or GEODWELL_API_KEYS)."
+        );
+    }
+}

@@ -1,0 +1,414 @@
+//! The engine shards of this process and the handle callers reach them through.
+//!
+//! - `task.rs`: one tokio task per shard owning a [`geodwell_core::engine::Engine`].
+//! - [`Shards`]: the handle. Callers route a validated, stamped batch by device, ask a device's
+//!   state, page through devices, and broadcast fence changes; they never see the channels or
+//!   the messages.
+//!
+//! Invariants:
+//! - A device always maps to the same shard (`xxh3(device) % shards`, [`shard_of`]).
+//! - [`Shards::send_batch`] sends nothing unless every shard the batch needs has queue room, so
+//!   a refusal never means "partly applied"; batches sent one after another reach every shard in
+//!   that order (pipelining keeps order).
+//! - Fence changes are sent to every shard in the order they are made (the caller serializes
+//!   them, see `crate::fences`), so all shards hold the same fences.
+//!
+//! A cluster puts another implementation behind the same methods: partitions owned by other
+//! nodes, reached through NATS JetStream (see docs/architecture.md).
+
+mod task;
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use geodwell_core::engine::{DeviceSummary, DeviceView};
+use geodwell_core::fences::Fence;
+use geodwell_core::fix::Fix;
+use geodwell_core::time::Ts;
+use tokio::sync::{mpsc, oneshot};
+
+pub use crate::events::publisher::{FixOutcome, StepReply};
+
+pub use task::{ShardCtx, spawn};
+
+/// A fix bound for a shard, with its index in the request and the watermark it arrived under.
+#[derive(Debug, Clone)]
+pub struct StampedFix {
+    /// Position in the request.
+    pub index: usize,
+    /// The fix.
+    pub fix: Fix,
+    /// Watermark at arrival.
+    pub w: Ts,
+}
+
+/// What a shard task is asked.
+#[derive(Debug)]
+enum ShardMsg {
+    /// Apply fixes (in order); answer with one outcome per fix.
+    Fixes {
+        /// The fixes.
+        fixes: Vec<StampedFix>,
+        /// When the batch arrived (for the ingest-to-event latency).
+        arrived: Instant,
+        /// The request this is part of: (request id, number of shard parts). The publisher
+        /// commits all parts of a request together, so a crash keeps all of it or none.
+        request: (u64, u32),
+        /// Where to answer (after the step is durable).
+        reply: oneshot::Sender<StepReply>,
+    },
+    /// Insert or replace a fence.
+    UpsertFence(Arc<Fence>),
+    /// Remove a fence.
+    RemoveFence(Arc<str>),
+    /// A device's state.
+    Device {
+        /// Device id.
+        id: String,
+        /// Where to answer.
+        reply: oneshot::Sender<Option<DeviceView>>,
+    },
+    /// A page of device summaries in slot order.
+    DevicePage {
+        /// First slot.
+        from: u32,
+        /// Page length.
+        limit: usize,
+        /// Where to answer: the page and the slot to resume from.
+        reply: oneshot::Sender<(Vec<DeviceSummary>, Option<u32>)>,
+    },
+}
+
+/// The shard a device belongs to, of `shards`.
+pub fn shard_of(device: &str, shards: usize) -> usize {
+    (xxhash_rust::xxh3::xxh3_64(device.as_bytes()) % shards.max(1) as u64) as usize
+}
+
+/// Why a batch was not sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendError {
+    /// A shard's queue is full: retry later.
+    Full,
+    /// The shards are stopping.
+    Closed,
+}
+
+/// The shards are gone (shutdown).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the shards are shutting down")]
+pub struct Closed;
+
+/// The answer of one shard to its part of a batch, once that part's step is durable.
+pub type PartReply = oneshot::Receiver<StepReply>;
+
+/// Where a device listing resumes: a shard and a slot in it. Opaque to clients (`<shard>.<slot>`);
+/// shards are walked in order and each in slot order, which is stable because slots are never
+/// reused, so paging never repeats or skips a device that existed when the walk began.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DeviceCursor {
+    shard: usize,
+    slot: u32,
+}
+
+impl fmt::Display for DeviceCursor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.shard, self.slot)
+    }
+}
+
+/// A cursor that is not `<shard>.<slot>`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a cursor from next_after")]
+pub struct BadCursor(String);
+
+impl FromStr for DeviceCursor {
+    type Err = BadCursor;
+    /// A cursor past the end (a shard or slot that does not exist) is valid and yields an empty
+    /// last page, as paging past the end would.
+    fn from_str(s: &str) -> Result<DeviceCursor, BadCursor> {
+        let bad = || BadCursor(s.to_string());
+        let (a, b) = s.split_once('.').ok_or_else(bad)?;
+        let digits = |x: &str| !x.is_empty() && x.bytes().all(|c| c.is_ascii_digit());
+        if !digits(a) || !digits(b) {
+            return Err(bad());
+        }
+        let shard = a
+            .parse::<u64>()
+            .map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX));
+        let slot = b
+            .parse::<u64>()
+            .map_or(u32::MAX, |n| u32::try_from(n).unwrap_or(u32::MAX));
+        Ok(DeviceCursor { shard, slot })
+    }
+}
+
+/// The handle to this process's shards (cheap to clone).
+#[derive(Debug, Clone)]
+pub struct Shards {
+    senders: Arc<[mpsc::Sender<ShardMsg>]>,
+}
+
+/// Request ids: the publisher groups the parts of one request by it.
+static REQUESTS: AtomicU64 = AtomicU64::new(1);
+
+impl Shards {
+    /// How many shards there are.
+    pub fn len(&self) -> usize {
+        self.senders.len()
+    }
+
+    /// Whether there are none (never, for a running service).
+    pub fn is_empty(&self) -> bool {
+        self.senders.is_empty()
+    }
+
+    /// The shard `device` belongs to.
+    pub fn of(&self, device: &str) -> usize {
+        shard_of(device, self.senders.len())
+    }
+
+    /// Whether every shard task is running.
+    pub fn running(&self) -> bool {
+        self.senders.iter().all(|s| !s.is_closed())
+    }
+
+    /// Sends each shard its part of a batch (`parts[k]` for shard `k`; empty parts are skipped),
+    /// all or nothing. `stamp` runs once every shard the batch needs has room and before
+    /// anything is sent (so a refused batch is never stamped); what it returns is handed back.
+    /// The replies arrive once each part's step is durable.
+    pub fn send_batch_with<T>(
+        &self,
+        mut parts: Vec<Vec<StampedFix>>,
+        arrived: Instant,
+        stamp: impl FnOnce(&mut [Vec<StampedFix>]) -> T,
+    ) -> Result<(Vec<PartReply>, T), SendError> {
+        let mut permits = Vec::new();
+        for (k, fixes) in parts.iter().enumerate() {
+            if fixes.is_empty() {
+                continue;
+            }
+            match self.senders[k].try_reserve() {
+                Ok(p) => permits.push((k, p)),
+                Err(mpsc::error::TrySendError::Full(_)) => return Err(SendError::Full),
+                Err(mpsc::error::TrySendError::Closed(_)) => return Err(SendError::Closed),
+            }
+        }
+        let stamped = stamp(&mut parts);
+        let request = (
+            REQUESTS.fetch_add(1, Ordering::Relaxed),
+            permits.len() as u32,
+        );
+        let mut replies = Vec::with_capacity(permits.len());
+        for (k, permit) in permits {
+            let (tx, rx) = oneshot::channel();
+            permit.send(ShardMsg::Fixes {
+                fixes: std::mem::take(&mut parts[k]),
+                arrived,
+                reply: tx,
+                request,
+            });
+            replies.push(rx);
+        }
+        Ok((replies, stamped))
+    }
+
+    /// The state of device `id`, asked of its shard; `None` for an unknown device.
+    pub async fn device(&self, id: &str) -> Result<Option<DeviceView>, Closed> {
+        let (tx, rx) = oneshot::channel();
+        self.senders[self.of(id)]
+            .send(ShardMsg::Device {
+                id: id.to_string(),
+                reply: tx,
+            })
+            .await
+            .map_err(|_| Closed)?;
+        rx.await.map_err(|_| Closed)
+    }
+
+    /// Up to `limit` devices from `after` on, and where the next page starts (`None`: done).
+    /// A page costs O(limit) on each shard it touches, not a sort of every device.
+    pub async fn device_page(
+        &self,
+        after: DeviceCursor,
+        limit: usize,
+    ) -> Result<(Vec<DeviceSummary>, Option<DeviceCursor>), Closed> {
+        let DeviceCursor {
+            mut shard,
+            mut slot,
+        } = after;
+        let mut devices = Vec::new();
+        while shard < self.senders.len() {
+            let (tx, rx) = oneshot::channel();
+            self.senders[shard]
+                .send(ShardMsg::DevicePage {
+                    from: slot,
+                    limit: limit - devices.len(),
+                    reply: tx,
+                })
+                .await
+                .map_err(|_| Closed)?;
+            let (page, next) = rx.await.map_err(|_| Closed)?;
+            devices.extend(page);
+            match next {
+                Some(n) => slot = n,
+                None => {
+                    shard += 1;
+                    slot = 0;
+                }
+            }
+            if devices.len() >= limit {
+                let next = (shard < self.senders.len()).then_some(DeviceCursor { shard, slot });
+                return Ok((devices, next));
+            }
+        }
+        Ok((devices, None))
+    }
+
+    /// Inserts or replaces `fence` on every shard.
+    pub async fn upsert_fence(&self, fence: Arc<Fence>) -> Result<(), Closed> {
+        for s in self.senders.iter() {
+            s.send(ShardMsg::UpsertFence(fence.clone()))
+                .await
+                .map_err(|_| Closed)?;
+        }
+        Ok(())
+    }
+
+    /// Removes fence `id` from every shard.
+    pub async fn remove_fence(&self, id: Arc<str>) -> Result<(), Closed> {
+        for s in self.senders.iter() {
+            s.send(ShardMsg::RemoveFence(id.clone()))
+                .await
+                .map_err(|_| Closed)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_round_trip_and_bad_ones_are_refused() {
+        let c: DeviceCursor = "3.17".parse().unwrap();
+        assert_eq!(c.to_string(), "3.17");
+        assert_eq!(
+            "99999999999999999999.1"
+                .parse::<DeviceCursor>()
+                .unwrap()
+                .shard,
+            usize::MAX,
+            "past the end is a valid, empty page"
+        );
+        for bad in ["", "3", "3.", ".1", "a.b", "-1.2", "1.2.3", " 1.2"] {
+            assert!(bad.parse::<DeviceCursor>().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_device_always_maps_to_the_same_shard() {
+        assert_eq!(shard_of("truck-17", 4), shard_of("truck-17", 4));
+        assert!(shard_of("truck-17", 4) < 4);
+        assert_eq!(
+            shard_of("x", 0),
+            0,
+            "no shards: shard 0, no division by zero"
+        );
+    }
+}
+
+#[cfg(test)]
+mod batch_tests {
+    use super::*;
+    use geodwell_core::fix::DEFAULT_MAX_DEVICE_LEN;
+
+    fn shards(queue: usize) -> (Shards, Vec<mpsc::Receiver<ShardMsg>>) {
+        let (senders, receivers): (Vec<_>, Vec<_>) = (0..2).map(|_| mpsc::channel(queue)).unzip();
+        (
+            Shards {
+                senders: senders.into(),
+            },
+            receivers,
+        )
+    }
+
+    fn parts(s: &Shards, n: usize) -> Vec<Vec<StampedFix>> {
+        let mut parts = vec![Vec::new(); s.len()];
+        for i in 0..n {
+            let device = format!("d{i}");
+            let fix = Fix::new(
+                &device,
+                Ts(1000 + i as i64),
+                1.0,
+                1.0,
+                None,
+                DEFAULT_MAX_DEVICE_LEN,
+            )
+            .unwrap();
+            parts[s.of(&device)].push(StampedFix {
+                index: i,
+                fix,
+                w: Ts(0),
+            });
+        }
+        parts
+    }
+
+    #[tokio::test]
+    async fn a_full_shard_queue_refuses_the_whole_batch_before_stamping_or_sending_anything() {
+        let (s, mut rx) = shards(1);
+        // Fill the shard queues: the shards are stalled (nobody reads the receivers).
+        for tx in s.senders.iter() {
+            tx.try_send(ShardMsg::RemoveFence(Arc::from("x"))).unwrap();
+        }
+        let mut stamped = false;
+        let r = s.send_batch_with(parts(&s, 20), Instant::now(), |_| stamped = true);
+        assert!(matches!(r, Err(SendError::Full)));
+        assert!(!stamped, "a refused batch is not stamped");
+        // Nothing of the batch reached any shard: each queue still holds only the filler.
+        for r in &mut rx {
+            assert!(matches!(r.try_recv(), Ok(ShardMsg::RemoveFence(_))));
+            assert!(r.try_recv().is_err());
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_reaches_every_shard_it_needs_once_stamped() {
+        let (s, mut rx) = shards(4);
+        let (replies, stamped) = s
+            .send_batch_with(parts(&s, 20), Instant::now(), |parts| {
+                for p in parts.iter_mut() {
+                    for f in p {
+                        f.w = Ts(7);
+                    }
+                }
+                "stamped"
+            })
+            .unwrap();
+        assert_eq!(stamped, "stamped");
+        assert_eq!(replies.len(), 2, "both shards have a part");
+        let mut seen = 0;
+        for r in &mut rx {
+            match r.try_recv() {
+                Ok(ShardMsg::Fixes { fixes, request, .. }) => {
+                    assert_eq!(request.1, 2, "the request has two parts");
+                    assert!(fixes.iter().all(|f| f.w == Ts(7)));
+                    seen += fixes.len();
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(seen, 20);
+        drop(rx);
+        let (s, rx) = shards(1);
+        drop(rx);
+        assert!(matches!(
+            s.send_batch_with(parts(&s, 3), Instant::now(), |_| ()),
+            Err(SendError::Closed)
+        ));
+    }
+}
