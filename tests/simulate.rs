@@ -2,13 +2,14 @@
 //! NDJSON and WebSocket ingest with bounded disorder, gives exactly the events the reference
 //! implementation of DESIGN sections 2-4 computes for the same trace; every event reaches the
 //! simulator's subscription and gets a latency; the CLI writes deterministic traces and reports
-//! an unreachable server clearly.
+//! an unreachable server clearly; it sends its API key on every request, and its exit status is
+//! non-zero (with a message saying why) when the server refuses the key or any fixes.
 
 mod common;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::start;
 use geodwell_core::fences::Fence;
@@ -320,5 +321,224 @@ async fn in_order_frames_of_one_fix_are_never_late() {
     assert_eq!(report.sent, 30_000, "{}", report.render());
     assert_eq!(report.late, 0, "{}", report.render());
     assert_eq!(report.accepted, 30_000, "{}", report.render());
+    srv.stop().await;
+}
+
+// ---- the CLI against a server with API keys --------------------------------------------------
+
+/// Scopes ingest (fixes), read (event subscription) and admin (fence upload).
+const SIM_KEY: &str = "sim-key-0123456789abcdef";
+/// Scope read only.
+const READ_KEY: &str = "read-key-0123456789abcdef";
+
+/// An event-clock server with the two keys above.
+async fn keyed_server() -> common::Srv {
+    start(&format!(
+        "[time]\nclock = \"event\"\nlateness = \"0s\"\n[auth]\napi_keys = [\n  \
+         {{ name = \"sim\", scopes = [\"ingest\", \"read\", \"admin\"], key = \"{SIM_KEY}\" }},\n  \
+         {{ name = \"dash\", scopes = [\"read\"], key = \"{READ_KEY}\" }},\n]\n"
+    ))
+    .await
+}
+
+/// What a `geodwell simulate` process did.
+struct SimRun {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+    took: Duration,
+}
+
+/// Runs `geodwell simulate --quiet --server <srv> ARGS` as a process with `env` on top of an
+/// environment without `GEODWELL_API_KEY`; fails the test if it takes more than 90 s.
+async fn simulate_bin(srv: &common::Srv, args: &[&str], env: &[(&str, &str)]) -> SimRun {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_geodwell"));
+    cmd.args(["simulate", "--quiet", "--server", &srv.base])
+        .args(args)
+        .env_remove("GEODWELL_API_KEY")
+        .envs(env.iter().copied())
+        .kill_on_drop(true);
+    let t = Instant::now();
+    let out = tokio::time::timeout(Duration::from_secs(90), cmd.output())
+        .await
+        .unwrap_or_else(|_| panic!("simulate {args:?} still runs after 90 s"))
+        .expect("binary runs");
+    SimRun {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        took: t.elapsed(),
+    }
+}
+
+/// A short run as fast as the server answers.
+const QUICK: [&str; 9] = [
+    "--devices",
+    "200",
+    "--sites",
+    "10",
+    "--max",
+    "--fixes",
+    "5000",
+    "--drain",
+    "2s",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_with_an_api_key_uploads_sends_and_sees_events() {
+    let srv = keyed_server().await;
+    let dir = common::temp_data_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    // HTTP: fence upload, fix batches and the event subscription all carry the key; WebSocket:
+    // the ingest upgrade too.
+    for transport in ["http", "ws"] {
+        let report = dir.join(format!("{transport}.json"));
+        let run = simulate_bin(
+            &srv,
+            &[
+                &QUICK[..],
+                &["--api-key", SIM_KEY, "--transport", transport, "--report"],
+                &[report.to_str().unwrap()],
+            ]
+            .concat(),
+            &[],
+        )
+        .await;
+        assert!(run.ok, "{transport}: {}\n{}", run.stdout, run.stderr);
+        assert!(!run.stderr.contains(SIM_KEY), "the key is never printed");
+        let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+        assert_eq!(r["sent"], 5000, "{transport}: {}", run.stdout);
+        assert_eq!(r["accepted"], 5000, "{transport}: {}", run.stdout);
+        assert_eq!(r["errors"], serde_json::json!({}), "{}", run.stdout);
+        assert!(
+            r["events"]["enter"].as_u64().unwrap() > 0,
+            "{transport}: {}",
+            run.stdout
+        );
+        assert!(r["latency"]["all"]["count"].as_u64().unwrap() > 0);
+    }
+    let (status, v) = srv.get("/v1/fences").await;
+    assert_eq!(status, 401, "the server does guard its routes: {v}");
+    let _ = std::fs::remove_dir_all(&dir);
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_without_a_valid_key_stops_at_once_with_the_401() {
+    let srv = keyed_server().await;
+    // In real time for up to a minute: only stopping at the first refusal ends these quickly.
+    let slow = ["--devices", "200", "--sites", "10", "--duration", "60s"];
+    let cases: [(&[&str], &str); 5] = [
+        (&[], "401 at POST /v1/fences"),
+        (&["--no-upload"], "401 at GET /v1/events/ws"),
+        // The case that used to exit 0 after every batch was answered 401.
+        (&["--no-upload", "--no-measure"], "401 at POST /v1/fixes"),
+        (
+            &["--no-upload", "--no-measure", "--transport", "ws"],
+            "401 at GET /v1/ingest/ws",
+        ),
+        (
+            &[
+                "--api-key",
+                "wrong-key-0123456789abcdef",
+                "--no-upload",
+                "--no-measure",
+            ],
+            "401 at POST /v1/fixes",
+        ),
+    ];
+    for (extra, want) in cases {
+        let run = simulate_bin(&srv, &[&slow[..], extra].concat(), &[]).await;
+        assert!(!run.ok, "{extra:?} exits non-zero: {}", run.stdout);
+        assert!(run.stderr.contains(want), "{extra:?}: {}", run.stderr);
+        assert!(
+            run.stderr.contains("--api-key") && run.stderr.contains("GEODWELL_API_KEY"),
+            "{extra:?} says what to do: {}",
+            run.stderr
+        );
+        assert!(
+            run.took < Duration::from_secs(20),
+            "{extra:?} took {:?}",
+            run.took
+        );
+        assert!(
+            !run.stdout.contains("fixes: sent"),
+            "no report: {}",
+            run.stdout
+        );
+    }
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_with_a_read_only_key_is_refused_with_403() {
+    let srv = keyed_server().await;
+    let slow = ["--devices", "200", "--sites", "10", "--duration", "60s"];
+    // The key from the environment; read lets it subscribe, not send fixes or upload fences.
+    let env = [("GEODWELL_API_KEY", READ_KEY)];
+    for (extra, want) in [
+        (&["--no-upload"][..], "403 at POST /v1/fixes"),
+        (&[][..], "403 at POST /v1/fences"),
+    ] {
+        let run = simulate_bin(&srv, &[&slow[..], extra].concat(), &env).await;
+        assert!(!run.ok, "{extra:?} exits non-zero: {}", run.stdout);
+        assert!(run.stderr.contains(want), "{extra:?}: {}", run.stderr);
+        assert!(
+            run.stderr.contains("lacks the"),
+            "the server's reason: {}",
+            run.stderr
+        );
+        assert!(run.stderr.contains("ingest scope"), "{}", run.stderr);
+        assert!(
+            run.took < Duration::from_secs(20),
+            "{extra:?} took {:?}",
+            run.took
+        );
+    }
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_exits_non_zero_after_its_report_when_fixes_are_refused() {
+    // Device ids longer than 5 bytes are rejected item by item: sim-0 .. sim-9 pass,
+    // sim-10 .. sim-19 do not.
+    let srv =
+        start("[time]\nclock = \"event\"\nlateness = \"0s\"\n[ingest]\nmax_device_len = 5\n").await;
+    let run = simulate_bin(
+        &srv,
+        &[
+            "--devices",
+            "20",
+            "--sites",
+            "5",
+            "--max",
+            "--fixes",
+            "2000",
+            "--no-measure",
+        ],
+        &[],
+    )
+    .await;
+    assert!(!run.ok, "{}", run.stdout);
+    assert!(
+        run.stdout.contains("fixes: sent 2000 accepted "),
+        "the report: {}",
+        run.stdout
+    );
+    let rejected: u64 = run
+        .stdout
+        .split(" rejected ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("a rejected count in {}", run.stdout));
+    assert!(rejected > 0 && rejected < 2000, "{}", run.stdout);
+    assert!(
+        run.stderr.contains(&format!(
+            "{rejected} of 2000 fixes sent were refused or lost: {rejected} rejected item by item"
+        )),
+        "{}",
+        run.stderr
+    );
     srv.stop().await;
 }

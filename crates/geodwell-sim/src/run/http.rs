@@ -1,0 +1,166 @@
+//! The HTTP side of a run: the client, the readiness probe, the fence upload and the NDJSON
+//! sender (`POST /v1/fixes`, one request per batch).
+//!
+//! Owns: how HTTP answers are classified.
+//! - 2xx: the answer's counts go to the counters (an unreadable body loses the batch as
+//!   `bad answer: ...`).
+//! - 429 / 503: retried after 20 ms, up to 100 times, each retry counted; then the batch is
+//!   lost under its status.
+//! - 401 / 403: the batch is lost under its status and the run stops with
+//!   [`SimError::Refused`] (no later request would be taken).
+//! - Any other status, or no answer (`connect`, `transport`): the batch is lost under it.
+//!
+//! Invariant: the API key, if any, is a default header of the one client, so every HTTP
+//! request of the run carries it.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
+use serde::Deserialize;
+
+use super::SimOptions;
+use super::counters::Answer;
+use super::pace::SendCtx;
+use crate::error::{SimError, is_auth_refusal};
+use crate::fleet::feature_collection;
+use geodwell_core::fences::Fence;
+use geodwell_core::time::Ts;
+
+/// The client every HTTP request of the run goes through, with `auth` as a default header.
+pub(super) fn client(
+    opts: &SimOptions,
+    auth: Option<HeaderValue>,
+) -> Result<reqwest::Client, SimError> {
+    let mut headers = HeaderMap::new();
+    if let Some(v) = auth {
+        headers.insert(AUTHORIZATION, v);
+    }
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(opts.connections.max(4))
+        .tcp_nodelay(true)
+        .default_headers(headers)
+        .build()
+        .map_err(|e| SimError::server(&opts.server, e))
+}
+
+/// What `/readyz` says about the server's clock.
+#[derive(Debug, Deserialize)]
+pub(super) struct Ready {
+    /// `live` or `event`.
+    pub(super) clock: String,
+    /// The current watermark (event clock).
+    #[serde(default)]
+    pub(super) watermark: Option<Ts>,
+    /// The configured lateness, ms.
+    #[serde(default)]
+    pub(super) lateness_ms: Option<i64>,
+}
+
+/// Asks `/readyz` (open to anyone) for the server's clock.
+pub(super) async fn ready(client: &reqwest::Client, base: &str) -> Result<Ready, SimError> {
+    let url = format!("{base}/readyz");
+    client
+        .get(&url)
+        .send()
+        .await
+        .map_err(|e| SimError::server(&url, e))?
+        .json()
+        .await
+        .map_err(|e| SimError::server(&url, format!("unexpected /readyz answer: {e}")))
+}
+
+/// Posts the fences, 500 per request (needs the `admin` scope).
+pub(super) async fn upload(
+    client: &reqwest::Client,
+    base: &str,
+    fences: &[Arc<Fence>],
+    key_sent: bool,
+) -> Result<(), SimError> {
+    let url = format!("{base}/v1/fences");
+    for chunk in fences.chunks(500) {
+        let fc = feature_collection(chunk);
+        let body = serde_json::to_vec(&fc).map_err(|e| SimError::server(&url, e))?;
+        let r = client
+            .post(&url)
+            .header("content-type", "application/geo+json")
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| SimError::server(&url, e))?;
+        let status = r.status();
+        if is_auth_refusal(status.as_u16()) {
+            let body = r.bytes().await.unwrap_or_default();
+            return Err(SimError::refused(
+                status.as_u16(),
+                "POST /v1/fences",
+                &body,
+                key_sent,
+            ));
+        }
+        if !status.is_success() {
+            let text = r.text().await.unwrap_or_default();
+            return Err(SimError::server(&url, format!("{status}: {text}")));
+        }
+    }
+    Ok(())
+}
+
+/// One HTTP sender: posts each batch as NDJSON when it is due, until the run stops.
+pub(super) async fn send(ctx: SendCtx, client: reqwest::Client, base: String, key_sent: bool) {
+    let url = format!("{base}/v1/fixes");
+    while let Some(b) = ctx.next().await {
+        ctx.sent(&b);
+        let mut attempts = 0;
+        loop {
+            let r = client
+                .post(&url)
+                .header("content-type", "application/x-ndjson")
+                .body(b.body.clone())
+                .send()
+                .await;
+            let now = ctx.tracker.now_us();
+            match r {
+                Ok(r) if r.status().is_success() => {
+                    match r.json::<Answer>().await {
+                        Ok(a) => ctx.counters.answer(&a, now),
+                        Err(e) => ctx.counters.error(format!("bad answer: {e}"), b.n),
+                    }
+                    break;
+                }
+                Ok(r) => {
+                    let status = r.status().as_u16();
+                    if (status == 503 || status == 429)
+                        && attempts < 100
+                        && !ctx.stop.is_cancelled()
+                    {
+                        // Retry-After says 1 s; a load generator that waited that long would
+                        // measure its own back-off, so it retries soon and counts the retry.
+                        attempts += 1;
+                        ctx.counters.retries.fetch_add(1, Relaxed);
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                    ctx.counters.error(status.to_string(), b.n);
+                    ctx.counters.last_answer_us.fetch_max(now, Relaxed);
+                    if is_auth_refusal(status) {
+                        let body = r.bytes().await.unwrap_or_default();
+                        let e = SimError::refused(status, "POST /v1/fixes", &body, key_sent);
+                        ctx.counters.fail(e, &ctx.stop);
+                    }
+                    break;
+                }
+                Err(e) => {
+                    let kind = if e.is_connect() {
+                        "connect"
+                    } else {
+                        "transport"
+                    };
+                    ctx.counters.error(kind.to_string(), b.n);
+                    break;
+                }
+            }
+        }
+    }
+}
