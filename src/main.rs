@@ -7,8 +7,6 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use geodwell::config::{ClockMode, Config, Sources};
-use geodwell_core::time::Dur;
-use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
 #[command(name = "geodwell", version, about = "Geofence dwell-trigger service")]
@@ -71,10 +69,6 @@ enum StoreCmd {
         #[arg(long)]
         data_dir: PathBuf,
     },
-}
-
-fn parse_dur(s: &str) -> Result<Dur, String> {
-    Dur::parse(s).map_err(|e| e.to_string())
 }
 
 /// Loads the configuration: `file` (relative paths in it resolve against its directory) over the
