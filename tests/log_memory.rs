@@ -17,7 +17,7 @@
 
 use std::sync::Arc;
 
-use geodwell::events::{EventLog, JSON_CACHE};
+use geodwell::events::{CompactEvent, EventLog, JSON_CACHE, LoggedEvent};
 use geodwell_core::event::Event;
 use geodwell_core::time::{Dur, Ts};
 
@@ -63,8 +63,21 @@ fn per_event(total: u64, device: impl Fn(u64) -> String) -> (f64, f64, usize) {
             })
             .collect();
         n += batch.len() as u64;
-        // The returned copies are dropped at once: only what the log keeps is measured.
-        drop(log.append(batch, Ts(t0 + n as i64)));
+        // Stamped and rendered as the publisher does; only what the log keeps is measured.
+        let now = Ts(t0 + n as i64);
+        let first = log.next_seq();
+        let stamped = batch
+            .into_iter()
+            .enumerate()
+            .map(|(k, mut e)| {
+                e.seq = first + k as u64;
+                e.emitted_at = Some(now);
+                let compact = CompactEvent::from_event(&e).expect("compact form holds it");
+                let json = compact.render(e.seq).into();
+                LoggedEvent::new(e.seq, compact, Some(json))
+            })
+            .collect();
+        log.append_stamped(stamped).expect("gap-free");
     }
     let held = log.len();
     let bytes = live_bytes() - bytes0;

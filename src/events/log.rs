@@ -26,7 +26,6 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 
 use crate::events::compact::CompactEvent;
-use geodwell_core::event::Event;
 use geodwell_core::time::{Dur, Ts};
 
 /// How many of the newest events keep their rendered JSON: enough for every live reader (they
@@ -131,38 +130,6 @@ impl EventLog {
         // push or pop, and the two queues are re-aligned before each read), so a poisoned lock is
         // still usable.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Stamps `seq` and `emitted_at` on `events` in order and appends them; returns the stored
-    /// events. An event the compact form cannot hold exactly (never one the engine built) is
-    /// dropped with an error log, before it gets a `seq`.
-    pub fn append(&self, events: Vec<Event>, wall_now: Ts) -> Vec<LoggedEvent> {
-        if events.is_empty() {
-            return Vec::new();
-        }
-        let mut out = Vec::with_capacity(events.len());
-        let next = {
-            let mut g = self.lock();
-            for mut e in events {
-                e.seq = g.next_seq;
-                e.emitted_at = Some(wall_now);
-                let compact = match CompactEvent::from_event(&e) {
-                    Ok(c) => c,
-                    Err(err) => {
-                        tracing::error!(error = %err, "event not logged");
-                        continue;
-                    }
-                };
-                let json: Arc<str> = compact.render(e.seq).into();
-                let le = LoggedEvent::new(e.seq, compact, Some(json));
-                self.push(&mut g, &le);
-                out.push(le);
-            }
-            self.trim(&mut g, Some(wall_now));
-            g.next_seq
-        };
-        self.head.send_replace(next);
-        out
     }
 
     /// Appends events already stamped by the publisher: their `seq`s must continue the log's
@@ -290,6 +257,30 @@ impl EventLog {
 mod tests {
     use super::*;
     use geodwell_core::time::Ts;
+
+    use geodwell_core::event::Event;
+
+    /// Stamps `events` the way the publisher does (next seqs, `emitted_at = now`) and appends
+    /// them.
+    trait AppendNow {
+        fn append(&self, events: Vec<Event>, now: Ts);
+    }
+
+    impl AppendNow for EventLog {
+        fn append(&self, events: Vec<Event>, now: Ts) {
+            let first = self.next_seq();
+            let stamped = events
+                .into_iter()
+                .enumerate()
+                .map(|(i, mut e)| {
+                    e.seq = first + i as u64;
+                    e.emitted_at = Some(now);
+                    LoggedEvent::new(e.seq, CompactEvent::from_event(&e).unwrap(), None)
+                })
+                .collect();
+            self.append_stamped(stamped).unwrap();
+        }
+    }
 
     fn ev(n: i64) -> Event {
         let f: Arc<str> = Arc::from("f");

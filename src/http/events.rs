@@ -20,9 +20,8 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use futures_util::{SinkExt, StreamExt};
 use metrics::{counter, gauge};
-use wildmatch::WildMatch;
 
-use crate::events::CompactEvent;
+use crate::events::{Chunk, EventFilter, LogCursor};
 use crate::http::error::ApiError;
 use crate::state::AppState;
 use crate::telemetry as t;
@@ -109,54 +108,38 @@ pub async fn poll(
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
-/// Subscription filters.
-#[derive(Debug, Clone)]
-pub struct Filter {
-    types: Option<Vec<EventKind>>,
-    fence: Option<WildMatch>,
-    device: Option<String>,
-}
-
-impl Filter {
-    /// Parses `types=enter,dwell`, `fence=<glob>`, `device=<id>`.
-    pub fn parse(q: &HashMap<String, String>) -> Result<Filter, ApiError> {
-        let types = q
-            .get("types")
-            .map(|v| {
-                v.split(',')
-                    .filter(|s| !s.is_empty())
-                    .map(|s| {
-                        EventKind::parse(s.trim()).ok_or_else(|| {
-                            ApiError::bad_request(
-                                "bad_query",
-                                format!("unknown event type {s:?}; known: enter, exit, dwell"),
-                            )
-                        })
+/// Parses `types=enter,dwell`, `fence=<glob>`, `device=<id>` into the one event filter.
+pub fn parse_filter(q: &HashMap<String, String>) -> Result<EventFilter, ApiError> {
+    let types = q
+        .get("types")
+        .map(|v| {
+            v.split(',')
+                .filter(|s| !s.is_empty())
+                .map(|s| {
+                    EventKind::parse(s.trim()).ok_or_else(|| {
+                        ApiError::bad_request(
+                            "bad_query",
+                            format!("unknown event type {s:?}; known: enter, exit, dwell"),
+                        )
                     })
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .transpose()?;
-        for key in ["types", "fence", "device"] {
-            if q.get(key).is_some_and(|v| v.trim().is_empty()) {
-                return Err(ApiError::bad_request(
-                    "bad_query",
-                    format!("{key} must not be empty (omit it to match everything)"),
-                ));
-            }
-        }
-        Ok(Filter {
-            types,
-            fence: q.get("fence").map(|g| WildMatch::new(g)),
-            device: q.get("device").cloned(),
+                })
+                .collect::<Result<Vec<_>, _>>()
         })
+        .transpose()?;
+    for key in ["types", "fence", "device"] {
+        if q.get(key).is_some_and(|v| v.trim().is_empty()) {
+            return Err(ApiError::bad_request(
+                "bad_query",
+                format!("{key} must not be empty (omit it to match everything)"),
+            ));
+        }
     }
-
-    /// Whether `e` passes.
-    pub fn matches(&self, e: &CompactEvent) -> bool {
-        self.types.as_ref().is_none_or(|t| t.contains(&e.kind()))
-            && self.fence.as_ref().is_none_or(|g| g.matches(e.fence()))
-            && self.device.as_ref().is_none_or(|d| d == e.device())
-    }
+    let fences: Vec<&str> = q.get("fence").map(String::as_str).into_iter().collect();
+    Ok(EventFilter::new(
+        types.unwrap_or_default(),
+        &fences,
+        q.get("device").cloned(),
+    ))
 }
 
 /// `GET /v1/events/ws?from_seq=N&types=...&fence=...&device=...`.
@@ -180,7 +163,7 @@ pub async fn subscribe(
     let Query(q) = query?;
     check_known(&q, &["from_seq", "types", "fence", "device"])?;
     let from = parse_u64(&q, "from_seq")?;
-    let filter = Filter::parse(&q)?;
+    let filter = parse_filter(&q)?;
     let ws = ws.map_err(ApiError::from)?;
     // A start older than the log holds is clamped to the oldest event held; when the client
     // asked for a specific seq that is gone, its first frame says which range it missed.
@@ -207,16 +190,19 @@ pub async fn subscribe(
 async fn run_subscriber(
     st: Arc<AppState>,
     socket: WebSocket,
-    mut cursor: u64,
+    start: u64,
     mut caught_up: bool,
     gap: Option<u64>,
-    filter: Filter,
+    filter: EventFilter,
 ) {
     gauge!(t::SUBSCRIBERS).increment(1.0);
+    let mut cursor = LogCursor::at(start);
     let (mut tx, mut rx) = socket.split();
     if let Some(from) = gap {
-        let frame =
-            format!("{{\"type\":\"gap\",\"missing_from\":{from},\"resume_from\":{cursor}}}");
+        let frame = format!(
+            "{{\"type\":\"gap\",\"missing_from\":{from},\"resume_from\":{}}}",
+            cursor.next()
+        );
         let _ = tx.send(Message::Text(frame.into())).await;
     }
     let mut head = st.log().watch();
@@ -229,19 +215,27 @@ async fn run_subscriber(
     'outer: loop {
         // Send everything available from the cursor on.
         loop {
-            let r = st.log().read(cursor, CHUNK);
-            let behind = r.next_seq.saturating_sub(cursor);
-            if cursor < r.first_seq || (caught_up && behind > st.config().subscriber_queue as u64) {
-                counter!(t::SUBSCRIBERS_LAGGED).increment(1);
-                let frame = format!("{{\"type\":\"lagged\",\"resume_from\":{cursor}}}");
-                let bye = async {
-                    tx.send(Message::Text(frame.into())).await?;
-                    tx.send(close(close_code::POLICY, "lagged")).await
-                };
-                let _ = tokio::time::timeout(SEND_TIMEOUT, bye).await;
-                break 'outer;
-            }
-            if r.events.is_empty() {
+            let r = cursor.read(st.log(), CHUNK);
+            let behind = r.head.saturating_sub(cursor.next());
+            let events = match r.chunk {
+                Chunk::Events(events)
+                    if !(caught_up && behind > st.config().subscriber_queue as u64) =>
+                {
+                    events
+                }
+                _ => {
+                    counter!(t::SUBSCRIBERS_LAGGED).increment(1);
+                    let frame =
+                        format!("{{\"type\":\"lagged\",\"resume_from\":{}}}", cursor.next());
+                    let bye = async {
+                        tx.send(Message::Text(frame.into())).await?;
+                        tx.send(close(close_code::POLICY, "lagged")).await
+                    };
+                    let _ = tokio::time::timeout(SEND_TIMEOUT, bye).await;
+                    break 'outer;
+                }
+            };
+            if events.is_empty() {
                 caught_up = true;
                 break;
             }
@@ -249,8 +243,8 @@ async fn run_subscriber(
             // event) capped delivery at a few thousand events/s during bursts of ENTERs.
             let mut queued = 0u64;
             let mut failed = false;
-            for e in &r.events {
-                if filter.matches(&e.event) {
+            for e in &events {
+                if filter.matches(e.event.kind(), e.event.fence(), e.event.device()) {
                     // Cached for events near the head (the live case); rendered for a replay.
                     let fed = tokio::time::timeout(
                         SEND_TIMEOUT,
@@ -266,7 +260,7 @@ async fn run_subscriber(
                         }
                     }
                 }
-                cursor = e.seq + 1;
+                cursor.passed(e.seq);
             }
             if !failed && queued > 0 {
                 match tokio::time::timeout(SEND_TIMEOUT, tx.flush()).await {

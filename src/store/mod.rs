@@ -75,6 +75,9 @@ pub enum Flush {
 /// Why the store could not be opened, read or written.
 #[derive(Debug, Error)]
 pub enum StoreError {
+    /// The blocking task that ran a store call failed (panicked or was cancelled at shutdown).
+    #[error("a store call did not finish: {0}")]
+    Worker(String),
     /// The data directory could not be created or is not a directory.
     #[error("data dir {dir}: cannot create or use it: {source}")]
     DataDir {

@@ -40,7 +40,7 @@ use crate::store::{Flush, Store, StoreError, WebhookBatch};
 use crate::telemetry as t;
 
 pub use sink::{DeadLetter, Phase, Sink, SinkStatus, Source};
-pub use spec::{Secret, SinkFilter, SinkSpec};
+pub use spec::{Secret, SinkSpec};
 
 /// How often cursors and dead letters are written to the store, without fsync: they become
 /// durable with the publisher's next fsync'd commit, the next durable flush, or the final flush

@@ -26,12 +26,12 @@ use serde_json::value::RawValue;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::events::EventLog;
+use crate::events::{Chunk, EventFilter, EventLog, LogCursor};
 use crate::store::Store;
 use crate::telemetry as t;
 use crate::webhooks::deliver::{self, Attempt};
-use crate::webhooks::spec::{SinkFilter, SinkSpec, backoff_cap, full_jitter};
-use geodwell_core::event::{Event, EventKind};
+use crate::webhooks::spec::{SinkSpec, backoff_cap, full_jitter};
+use geodwell_core::event::EventKind;
 use geodwell_core::time::Ts;
 
 /// Events read from the log (or the store) per step.
@@ -155,7 +155,8 @@ pub(crate) struct Ctx {
     pub(crate) client: reqwest::Client,
 }
 
-/// One event on its way to the sink.
+/// One event on its way to the sink: an empty `json` is one the sink skips (filtered out, or
+/// undecodable).
 struct Item {
     seq: u64,
     id: String,
@@ -177,7 +178,7 @@ pub struct Sink {
     pub spec: SinkSpec,
     /// Config or API.
     pub source: Source,
-    filter: SinkFilter,
+    filter: EventFilter,
     st: Mutex<State>,
     /// Cancelled to end the task (shutdown or deletion).
     pub(crate) stop: CancellationToken,
@@ -380,38 +381,11 @@ impl Sink {
     /// no longer holds them. `None`: nothing to deliver now but the cursor may have moved
     /// (events lost to retention) or the store failed; the caller loops.
     async fn next_items(&self, ctx: &Ctx, cursor: u64) -> Option<Vec<Item>> {
-        let r = ctx.log.read(cursor, CHUNK);
-        if cursor >= r.first_seq {
-            return Some(
-                r.events
-                    .iter()
-                    .map(|e| Item {
-                        seq: e.seq,
-                        id: e.event.id().to_string(),
-                        kind: e.event.kind(),
-                        fence: e.event.fence().clone(),
-                        // Only what this sink delivers is rendered (events behind the log's JSON
-                        // cache have none); an empty text is skipped like a filtered-out event.
-                        json: if self.filter.matches(e.event.kind(), e.event.fence()) {
-                            e.json()
-                        } else {
-                            Arc::from("")
-                        },
-                    })
-                    .collect(),
-            );
-        }
-        let Some(store) = ctx.store.clone() else {
-            self.drop_range(cursor, r.first_seq);
-            return None;
-        };
-        let below = r.first_seq;
-        let rows = tokio::task::spawn_blocking(move || store.read_events(cursor, below, CHUNK))
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r.map_err(|e| e.to_string()));
-        let rows = match rows {
-            Ok(rows) => rows,
+        let read = LogCursor::at(cursor)
+            .read_or_store(&ctx.log, ctx.store.as_ref(), CHUNK)
+            .await;
+        let read = match read {
+            Ok(read) => read,
             Err(e) => {
                 tracing::warn!(sink = %self.spec.id, error = %e, "webhook sink cannot read its backlog from the store; retrying in 1 s");
                 tokio::select! {
@@ -421,38 +395,48 @@ impl Sink {
                 return None;
             }
         };
-        let first = rows.first().map_or(below, |(s, _)| *s);
-        if first > cursor {
-            self.drop_range(cursor, first);
-            return None;
+        for &seq in &read.undecodable {
+            // Not expected (the store holds what the log serialized); skipped loudly rather
+            // than stalling the sink forever. Later events of this chunk are delivered after
+            // the cursor passed this seq.
+            tracing::error!(sink = %self.spec.id, seq, "stored event does not decode; skipping it");
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            counter!(t::WEBHOOK_DROPPED, "sink" => self.spec.id.clone()).increment(1);
         }
-        let mut items = Vec::with_capacity(rows.len());
-        for (seq, json) in rows {
-            match serde_json::from_str::<Event>(&json) {
-                Ok(e) => items.push(Item {
-                    seq,
-                    id: e.id.to_string(),
-                    kind: e.kind,
-                    fence: e.fence,
-                    json: json.into(),
-                }),
-                Err(err) => {
-                    // Not expected (the store holds what the log serialized); skip it loudly
-                    // rather than stall the sink forever.
-                    tracing::error!(sink = %self.spec.id, seq, error = %err, "stored event does not decode; skipping it");
-                    self.dropped.fetch_add(1, Ordering::Relaxed);
-                    counter!(t::WEBHOOK_DROPPED, "sink" => self.spec.id.clone()).increment(1);
-                    // Later items of this chunk are delivered after the cursor passed this seq.
-                    items.push(Item {
-                        seq,
-                        id: String::new(),
-                        kind: EventKind::Enter,
-                        fence: Arc::from(""),
-                        json: Arc::from(""),
-                    });
-                }
+        let events = match read.chunk {
+            Chunk::Events(events) => events,
+            Chunk::Missed { to } => {
+                self.drop_range(cursor, to);
+                return None;
             }
-        }
+        };
+        let mut items: Vec<Item> = events
+            .iter()
+            .map(|e| Item {
+                seq: e.seq,
+                id: e.event.id().to_string(),
+                kind: e.event.kind(),
+                fence: e.event.fence().clone(),
+                // Only what this sink delivers is rendered (events behind the log's JSON cache
+                // have none); an empty text is skipped like a filtered-out event.
+                json: if self
+                    .filter
+                    .matches(e.event.kind(), e.event.fence(), e.event.device())
+                {
+                    e.json()
+                } else {
+                    Arc::from("")
+                },
+            })
+            .collect();
+        items.extend(read.undecodable.iter().map(|&seq| Item {
+            seq,
+            id: String::new(),
+            kind: EventKind::Enter,
+            fence: Arc::from(""),
+            json: Arc::from(""),
+        }));
+        items.sort_by_key(|i| i.seq);
         Some(items)
     }
 
@@ -574,7 +558,7 @@ impl Sink {
                 continue;
             }
             for item in items {
-                if item.json.is_empty() || !self.filter.matches(item.kind, &item.fence) {
+                if item.json.is_empty() {
                     self.advance(item.seq + 1);
                     continue;
                 }

@@ -14,12 +14,12 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::events::EventFilter;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use hmac::{Hmac, Mac};
 use serde_json::{Map, Value, json};
 use sha2::Sha256;
-use wildmatch::WildMatch;
 
 use geodwell_core::event::EventKind;
 use geodwell_core::time::Dur;
@@ -367,27 +367,8 @@ impl SinkSpec {
     }
 
     /// The compiled event filter.
-    pub fn filter(&self) -> SinkFilter {
-        SinkFilter {
-            types: self.types.clone(),
-            fences: self.fences.iter().map(|g| WildMatch::new(g)).collect(),
-        }
-    }
-}
-
-/// Which events a sink receives.
-#[derive(Debug, Clone)]
-pub struct SinkFilter {
-    types: Vec<EventKind>,
-    fences: Vec<WildMatch>,
-}
-
-impl SinkFilter {
-    /// Whether an event of `kind` for `fence` passes: its type is listed (or no type is) and its
-    /// fence matches one of the patterns (or there are none).
-    pub fn matches(&self, kind: EventKind, fence: &str) -> bool {
-        (self.types.is_empty() || self.types.contains(&kind))
-            && (self.fences.is_empty() || self.fences.iter().any(|g| g.matches(fence)))
+    pub fn filter(&self) -> EventFilter {
+        EventFilter::new(self.types.clone(), &self.fences, None)
     }
 }
 
@@ -533,15 +514,18 @@ mod tests {
         v["types"] = json!(["enter", "dwell"]);
         v["fences"] = json!(["depot-*", "hq"]);
         let f = SinkSpec::from_json(&v, &[]).unwrap().filter();
-        assert!(f.matches(EventKind::Enter, "depot-3"));
-        assert!(f.matches(EventKind::Dwell, "hq"));
-        assert!(!f.matches(EventKind::Exit, "depot-3"), "type not listed");
+        assert!(f.matches(EventKind::Enter, "depot-3", "any-device"));
+        assert!(f.matches(EventKind::Dwell, "hq", "any-device"));
         assert!(
-            !f.matches(EventKind::Enter, "hq-2"),
+            !f.matches(EventKind::Exit, "depot-3", "any-device"),
+            "type not listed"
+        );
+        assert!(
+            !f.matches(EventKind::Enter, "hq-2", "any-device"),
             "fence matches no pattern"
         );
         let all = SinkSpec::from_json(&base(), &[]).unwrap().filter();
-        assert!(all.matches(EventKind::Exit, "anything"));
+        assert!(all.matches(EventKind::Exit, "anything", "any-device"));
     }
 
     #[test]
