@@ -255,7 +255,6 @@ pub struct Engine {
     /// Devices with work ready at an exact time inside the current tick: (ready time, device).
     /// Entries may be stale (the device was processed since); processing is idempotent.
     soon: BinaryHeap<Reverse<(Ts, u32)>>,
-    seq: u64,
 }
 
 impl Engine {
@@ -282,7 +281,6 @@ impl Engine {
             dirty_bits: Vec::new(),
             flush_gens: 0,
             candidates: Vec::new(),
-            seq: 0,
         }
     }
 
@@ -953,15 +951,6 @@ impl Engine {
             self.dirty_bits[(d / 64) as usize] &= !(1u64 << (d % 64));
         }
         out
-    }
-
-    /// Stamps `seq` on events in order, continuing this engine's own sequence. A service with
-    /// several engines re-stamps in its shared event log instead.
-    pub fn stamp(&mut self, events: &mut [Event]) {
-        for e in events {
-            self.seq += 1;
-            e.seq = self.seq;
-        }
     }
 }
 
