@@ -28,7 +28,6 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::event::Event;
@@ -166,8 +165,11 @@ pub struct DeviceSummary {
 }
 
 /// The durable state of one device: what [`Engine::export`] writes and [`Engine::restore`]
-/// reads. Fences are named by id, so the state survives fence slots being renumbered.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// reads. Fences are named by id, so the state survives fence slots being renumbered. The
+/// service stores it with its own binary codec; the serde derives exist only for the model test
+/// that round-trips an export through JSON.
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(test, derive(serde::Serialize, serde::Deserialize))]
 pub struct DeviceState {
     /// Device id.
     pub id: String,

@@ -24,8 +24,6 @@
 //!   run's first fix, so that a late confirmation fires the thresholds it has already passed with
 //!   the staleness they had at their deadline.
 
-use serde::{Deserialize, Serialize};
-
 use crate::fences::FenceIdx;
 use crate::fences::FenceSettings;
 use crate::time::{Dur, Ts};
@@ -152,8 +150,10 @@ const NEAR: u64 = 1 << (LOW_BITS - 1);
 
 /// The durable part of a pair record: its visit, pending run, and per-threshold state. The
 /// record's place in memory and its timer are not stored: the timer is derived from the state
-/// ([`Pair::next_internal`]) when the record is restored.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// ([`Pair::next_internal`]) when the record is restored. Serialized as part of
+/// [`DeviceState`](crate::engine::DeviceState), and only under test (see there).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(test, derive(serde::Serialize, serde::Deserialize))]
 pub struct PairState {
     /// Visit start (or pending ENTER run start), Unix ms.
     pub entered_at: i64,
