@@ -13,6 +13,7 @@ use proptest::prelude::*;
 use super::tests::{fence_from, square};
 use super::*;
 use crate::event::EventKind;
+use crate::fix::Fix;
 
 /// A seeded generator (Xoshiro256++), so a proptest seed fully determines a trace.
 struct Rng(rand_xoshiro::Xoshiro256PlusPlus);

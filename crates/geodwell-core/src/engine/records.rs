@@ -1,5 +1,6 @@
-//! The engine's per-device storage: device records, their reorder buffers, the id arena and the
-//! id -> slot table.
+//! The engine's storage of devices and pairs: device records, their reorder buffers, the id
+//! arena and the id -> slot table, the pair slots with their free list, and the per-device pair
+//! lists threaded through the pair records (making, walking, linking and unlinking them).
 //!
 //! There is one device record per device ever seen, so its size is most of what a parked device
 //! costs. It is 32 bytes and owns no heap block:
@@ -12,14 +13,20 @@
 //!   the head, the last pair's link names the device;
 //! - absent times and positions are sentinels rather than `Option`s.
 //!
-//! Invariants: a device has a [`Reorder`] exactly while it buffers a fix or arms a flush timer; a device's id is `arena.get(device.id)` for its whole life; every slot in
-//! [`DeviceIds`] is a device whose id hashes to it.
+//! Invariants: a device has a [`Reorder`] exactly while it buffers a fix or arms a flush timer; a
+//! device's id is `arena.get(device.id)` for its whole life; every slot in [`DeviceIds`] is a
+//! device whose id hashes to it; every live pair is in exactly one device's list, which ends in
+//! that device, and a free pair slot is in none (`Engine::check_records` asserts all of these
+//! in tests).
 
 use std::hash::BuildHasher;
 
+use smallvec::SmallVec;
+
+use crate::pairs::Pair;
 use crate::time::Ts;
 
-use super::Buffered;
+use super::{DEVICE_BIT, Engine};
 
 /// Marks "no pair" in [`Device::first_pair`].
 pub(super) const NO_PAIR: u32 = u32::MAX;
@@ -27,6 +34,26 @@ pub(super) const NO_PAIR: u32 = u32::MAX;
 pub(super) const NO_TS: i64 = i64::MIN;
 /// Marks "no flush timer armed" in [`Reorder::flush_due`].
 pub(super) const NO_TICK: u64 = u64::MAX;
+
+/// A fix waiting in a reorder buffer (the device is implied).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Buffered {
+    pub ts: Ts,
+    pub lat: f64,
+    pub lon: f64,
+    pub accuracy: Option<f64>,
+}
+
+impl Buffered {
+    /// The application order of fixes of one device: by (ts, lat, lon).
+    #[inline]
+    pub fn key_cmp(&self, ts: Ts, lat: f64, lon: f64) -> std::cmp::Ordering {
+        self.ts
+            .cmp(&ts)
+            .then(self.lat.total_cmp(&lat))
+            .then(self.lon.total_cmp(&lon))
+    }
+}
 
 /// A device record (32 bytes; `record_sizes` pins it).
 #[derive(Debug)]
@@ -177,6 +204,143 @@ impl DeviceIds {
         self.table.reserve(additional, |&x| {
             hasher.hash_one(arena.bytes(devices[x as usize].id))
         });
+    }
+}
+
+impl Engine {
+    /// The slot of device `id`, made if new; `None` when the shard has no room for another.
+    pub(super) fn device_slot(&mut self, id: &str) -> Option<u32> {
+        if let Some(d) = self.device_ids.get(&self.devices, &self.ids, id) {
+            return Some(d);
+        }
+        let d = u32::try_from(self.devices.len())
+            .ok()
+            .filter(|&d| d < DEVICE_BIT)?;
+        let at = self.ids.push(id).ok()?;
+        self.devices.push(Device::new(at));
+        self.device_ids.insert(&self.devices, &self.ids, d);
+        Some(d)
+    }
+
+    /// Stores `pair` in a free slot and appends it to device `d`'s list.
+    pub(super) fn insert_pair(&mut self, d: u32, mut pair: Pair) {
+        pair.link = d | DEVICE_BIT;
+        let slot = match self.free_pairs.pop() {
+            Some(slot) => {
+                pair.timer_gen = self.pairs[slot as usize].timer_gen;
+                self.pairs[slot as usize] = pair;
+                slot
+            }
+            None => {
+                let slot = self.pairs.len() as u32;
+                debug_assert!(slot < DEVICE_BIT, "pair slots must leave the flag bit free");
+                self.pairs.push(pair);
+                slot
+            }
+        };
+        let head = self.devices[d as usize].first_pair;
+        if head & DEVICE_BIT != 0 {
+            self.devices[d as usize].first_pair = slot;
+        } else {
+            let mut last = head;
+            while self.pairs[last as usize].link & DEVICE_BIT == 0 {
+                last = self.pairs[last as usize].link;
+            }
+            self.pairs[last as usize].link = slot;
+        }
+        self.live_pairs += 1;
+    }
+
+    /// Unlinks pair `slot` from device `d`'s list and frees it, tombstoning its timer.
+    pub(super) fn free_pair(&mut self, d: u32, slot: u32) {
+        let next = self.pairs[slot as usize].link;
+        let head = &mut self.devices[d as usize].first_pair;
+        if *head == slot {
+            *head = if next & DEVICE_BIT != 0 {
+                NO_PAIR
+            } else {
+                next
+            };
+        } else {
+            let mut prev = *head;
+            while self.pairs[prev as usize].link != slot {
+                prev = self.pairs[prev as usize].link;
+                debug_assert!(
+                    prev & DEVICE_BIT == 0,
+                    "pair {slot} is not in device {d}'s list"
+                );
+            }
+            self.pairs[prev as usize].link = next;
+        }
+        let pair = &mut self.pairs[slot as usize];
+        if pair.has_timer() {
+            self.wheel.cancelled();
+        }
+        pair.set_timer(None, 0);
+        pair.timer_gen = pair.timer_gen.wrapping_add(1);
+        self.free_pairs.push(slot);
+        self.live_pairs -= 1;
+    }
+}
+
+/// Device `d`'s pair slots in list order, walking the links.
+#[inline]
+pub(super) fn pairs_of<'a>(
+    devices: &[Device],
+    pairs: &'a [Pair],
+    d: u32,
+) -> impl Iterator<Item = u32> + 'a {
+    // A link with the device bit (or `NO_PAIR`) ends the list.
+    let slot = |link: u32| (link & DEVICE_BIT == 0).then_some(link);
+    std::iter::successors(slot(devices[d as usize].first_pair), move |&p| {
+        slot(pairs[p as usize].link)
+    })
+}
+
+/// Device `d`'s pair slots in list order: a copy, for the loops that free or insert pairs.
+#[inline]
+pub(super) fn pair_slots(devices: &[Device], pairs: &[Pair], d: u32) -> SmallVec<[u32; 8]> {
+    pairs_of(devices, pairs, d).collect()
+}
+
+/// The device whose list holds pair `slot`: the tag at the end of the list.
+#[inline]
+pub(super) fn pair_device(pairs: &[Pair], slot: u32) -> u32 {
+    let mut cur = slot;
+    loop {
+        let link = pairs[cur as usize].link;
+        if link & DEVICE_BIT != 0 {
+            return link & !DEVICE_BIT;
+        }
+        cur = link;
+    }
+}
+
+#[cfg(test)]
+impl Engine {
+    /// Checks the record invariants: every live pair is in exactly one device's list, the list
+    /// ends in that device, free slots are in no list, and a device holds a reorder block only
+    /// while it buffers a fix or arms a flush timer.
+    pub(crate) fn check_records(&self) {
+        let mut seen = vec![false; self.pairs.len()];
+        let mut count = 0u64;
+        for d in 0..self.devices.len() as u32 {
+            for p in pair_slots(&self.devices, &self.pairs, d) {
+                assert!(!seen[p as usize], "pair {p} listed twice");
+                seen[p as usize] = true;
+                assert_eq!(pair_device(&self.pairs, p), d);
+                count += 1;
+            }
+            if let Some(r) = self.reorders.get(&d) {
+                assert!(!r.fixes.is_empty() || r.flush_due != NO_TICK);
+            }
+            let id = self.ids.get(self.devices[d as usize].id);
+            assert_eq!(self.device_ids.get(&self.devices, &self.ids, id), Some(d));
+        }
+        assert_eq!(count, self.live_pairs);
+        for &f in &self.free_pairs {
+            assert!(!seen[f as usize], "free pair {f} is listed");
+        }
     }
 }
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use super::*;
 use crate::event::EventKind;
 use crate::fences::FenceLimits;
+use crate::fix::Fix;
 
 /// 2026-01-01T00:00:00Z.
 const T0: i64 = 1_767_225_600_000;
