@@ -79,13 +79,14 @@ pub enum Alive {
 /// bits (see [`Pair::timer_is`]), and the open-visit flag is the top bit of the vote count.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pair {
-    /// The next pair slot of the same device, or the device slot tagged with the engine's device
-    /// bit when this is the device's last pair. Owned by the engine.
-    pub link: u32,
+    /// The next pair slot of the same device or, for the device's last pair, the device slot
+    /// with the engine's list-end tag. Owned by the engine (`engine::records`).
+    pub(crate) link: u32,
     /// The fence.
     pub fence: FenceIdx,
     /// Generation of this record's timer: a wheel entry is live only while it carries this value.
-    pub timer_gen: u32,
+    /// Owned by the engine, which bumps it whenever it replaces or drops the entry.
+    pub(crate) timer_gen: u32,
     /// The outstanding wheel entry: the low 24 bits of its due tick and, above them, its
     /// [`TimerState`] (see [`Pair::timer_is`]).
     timer: u32,

@@ -12,19 +12,19 @@ use crate::pairs::Pair;
 use crate::time::Ts;
 use crate::wheel::Wheel;
 
-use super::records::{Buffered, NO_TICK, NO_TS, Reorder, pair_slots, pairs_of};
+use super::records::{Buffered, DeviceSlot, NO_TICK, NO_TS, Reorder, pair_slots, pairs_of};
 use super::{DeviceState, Engine, RestoreError, Restored};
 
 impl Engine {
     /// The durable state of every device, in slot order.
     pub fn export(&self) -> Vec<DeviceState> {
         (0..self.devices.len() as u32)
-            .map(|d| self.export_device(d))
+            .map(|d| self.export_device(DeviceSlot(d)))
             .collect()
     }
 
-    pub(super) fn export_device(&self, d: u32) -> DeviceState {
-        let dev = &self.devices[d as usize];
+    pub(super) fn export_device(&self, d: DeviceSlot) -> DeviceState {
+        let dev = &self.devices[d.index()];
         DeviceState {
             id: self.ids.get(dev.id).to_string(),
             last_applied: dev.last_applied().map(|t| t.0),
@@ -38,7 +38,7 @@ impl Engine {
                 .collect(),
             pairs: pairs_of(&self.devices, &self.pairs, d)
                 .filter_map(|p| {
-                    let pair = &self.pairs[p as usize];
+                    let pair = &self.pairs[p.index()];
                     let fence = self.fences.get(pair.fence)?;
                     Some((fence.id.to_string(), pair.state()))
                 })
@@ -70,7 +70,7 @@ impl Engine {
             let Some(d) = self.device_slot(&st.id) else {
                 return Err(RestoreError::TooManyDevices(self.devices.len()));
             };
-            let dev = &mut self.devices[d as usize];
+            let dev = &mut self.devices[d.index()];
             dev.last_applied = st.last_applied.unwrap_or(NO_TS);
             dev.last_position = st
                 .last_position
@@ -122,11 +122,11 @@ impl Engine {
     }
 
     #[inline]
-    pub(super) fn mark_dirty(&mut self, d: u32) {
+    pub(super) fn mark_dirty(&mut self, d: DeviceSlot) {
         if !self.cfg.track_dirty {
             return;
         }
-        let (word, bit) = ((d / 64) as usize, 1u64 << (d % 64));
+        let (word, bit) = (d.index() / 64, 1u64 << (d.0 % 64));
         if word >= self.dirty_bits.len() {
             self.dirty_bits.resize(word + 1, 0);
         }
@@ -142,7 +142,7 @@ impl Engine {
         let dirty = std::mem::take(&mut self.dirty);
         let out = dirty.iter().map(|&d| self.export_device(d)).collect();
         for d in dirty {
-            self.dirty_bits[(d / 64) as usize] &= !(1u64 << (d % 64));
+            self.dirty_bits[d.index() / 64] &= !(1u64 << (d.0 % 64));
         }
         out
     }

@@ -12,7 +12,7 @@ use crate::fix::Fix;
 use crate::pairs::{Alive, FixClass, Pair, PairOutput};
 use crate::time::Ts;
 
-use super::records::{Buffered, NO_TICK, Reorder, pair_slots, pairs_of};
+use super::records::{Buffered, DeviceSlot, NO_TICK, Reorder, pair_slots, pairs_of};
 use super::{Engine, IngestError, Ingested};
 
 impl Engine {
@@ -34,7 +34,7 @@ impl Engine {
                 device: fix.device.clone(),
             });
         };
-        let dev = &self.devices[d as usize];
+        let dev = &self.devices[d.index()];
         if let Some(last) = dev.last_applied() {
             if fix.ts < last {
                 return Ok(Ingested::Late);
@@ -96,7 +96,12 @@ impl Engine {
     /// Applies `first` (a fix `<= W` the caller did not buffer because nothing else waits) and
     /// every buffered fix `<= W` of device `d`, processes its pairs' internal events `< W` and
     /// reschedules its timers.
-    pub(super) fn process_device(&mut self, d: u32, first: Option<Buffered>, out: &mut Vec<Event>) {
+    pub(super) fn process_device(
+        &mut self,
+        d: DeviceSlot,
+        first: Option<Buffered>,
+        out: &mut Vec<Event>,
+    ) {
         let Some(w) = self.watermark else { return };
         self.mark_dirty(d);
         if let Some(b) = first {
@@ -121,11 +126,11 @@ impl Engine {
     }
 
     /// Processes internal events strictly before `bound` for every pair of device `d`.
-    pub(super) fn catch_up(&mut self, d: u32, bound: Ts, out: &mut Vec<Event>) {
-        let last = self.devices[d as usize].last_applied();
-        let id_at = self.devices[d as usize].id;
+    pub(super) fn catch_up(&mut self, d: DeviceSlot, bound: Ts, out: &mut Vec<Event>) {
+        let last = self.devices[d.index()].last_applied();
+        let id_at = self.devices[d.index()].id;
         for p in pair_slots(&self.devices, &self.pairs, d) {
-            let (ids, pair) = (&self.ids, &mut self.pairs[p as usize]);
+            let (ids, pair) = (&self.ids, &mut self.pairs[p.index()]);
             let alive = match self.fences.get(pair.fence) {
                 // The id is looked up only when an event is made: most steps make none.
                 Some(fence) => pair.catch_up(&fence.settings, bound, last, &mut |o| {
@@ -141,16 +146,16 @@ impl Engine {
 
     /// Applies one fix to device `d`: first its pairs' earlier internal events, then the fix to
     /// every pair it already has and to every fence whose exact test it passes.
-    fn apply(&mut self, d: u32, b: Buffered, out: &mut Vec<Event>) {
+    fn apply(&mut self, d: DeviceSlot, b: Buffered, out: &mut Vec<Event>) {
         self.catch_up(d, b.ts, out);
-        let dev = &mut self.devices[d as usize];
+        let dev = &mut self.devices[d.index()];
         dev.last_applied = b.ts.0;
         dev.last_position = [b.lat, b.lon];
         let ignored = |f: &Fence| matches!((b.accuracy, f.settings.max_accuracy_m), (Some(a), Some(max)) if a > max);
 
-        let id_at = self.devices[d as usize].id;
+        let id_at = self.devices[d.index()].id;
         for p in pair_slots(&self.devices, &self.pairs, d) {
-            let (ids, pair) = (&self.ids, &mut self.pairs[p as usize]);
+            let (ids, pair) = (&self.ids, &mut self.pairs[p.index()]);
             let Some(fence) = self.fences.get(pair.fence) else {
                 self.free_pair(d, p);
                 continue;
@@ -171,8 +176,8 @@ impl Engine {
         candidates.clear();
         self.fences.candidates(b.lon, b.lat, &mut candidates);
         for &idx in &candidates {
-            let has_pair = pairs_of(&self.devices, &self.pairs, d)
-                .any(|p| self.pairs[p as usize].fence == idx);
+            let has_pair =
+                pairs_of(&self.devices, &self.pairs, d).any(|p| self.pairs[p.index()].fence == idx);
             if has_pair {
                 continue;
             }

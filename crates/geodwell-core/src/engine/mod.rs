@@ -57,10 +57,7 @@ mod model;
 mod tests;
 
 use ingest::to_event;
-use records::{Device, DeviceIds, IdArena, Reorders, pair_slots};
-
-/// Marks a wheel slot as a device's reorder-flush timer rather than a pair's timer.
-const DEVICE_BIT: u32 = 1 << 31;
+use records::{Device, DeviceIds, DeviceSlot, IdArena, PairSlot, Reorders, pair_slots};
 
 /// Engine tuning.
 #[derive(Debug, Clone, PartialEq)]
@@ -239,15 +236,15 @@ pub struct Engine {
     reorders: Reorders,
     pairs: Vec<Pair>,
     /// Freed pair slots; their records keep their generation so old wheel entries stay dead.
-    free_pairs: Vec<u32>,
+    free_pairs: Vec<PairSlot>,
     live_pairs: u64,
     buffered: u64,
     wheel: Wheel,
     watermark: Option<Ts>,
     fired: Vec<Fired>,
-    due_devices: Vec<u32>,
+    due_devices: Vec<DeviceSlot>,
     /// Devices whose durable state changed since the last [`Engine::take_dirty`].
-    dirty: Vec<u32>,
+    dirty: Vec<DeviceSlot>,
     /// A bit per device slot: listed in `dirty`.
     dirty_bits: Vec<u64>,
     /// The generation the next [`Reorder`] starts its flush timer at.
@@ -256,7 +253,7 @@ pub struct Engine {
     candidates: Vec<FenceIdx>,
     /// Devices with work ready at an exact time inside the current tick: (ready time, device).
     /// Entries may be stale (the device was processed since); processing is idempotent.
-    soon: BinaryHeap<Reverse<(Ts, u32)>>,
+    soon: BinaryHeap<Reverse<(Ts, DeviceSlot)>>,
 }
 
 impl Engine {
@@ -318,12 +315,12 @@ impl Engine {
         if let Some(old) = old
             && old.settings.dwell != fence.settings.dwell
         {
-            for d in 0..self.devices.len() {
+            for d in (0..self.devices.len() as u32).map(DeviceSlot) {
                 let mut touched = false;
-                let last = self.devices[d].last_applied();
-                let id_at = self.devices[d].id;
-                for p in pair_slots(&self.devices, &self.pairs, d as u32) {
-                    let (ids, pair) = (&self.ids, &mut self.pairs[p as usize]);
+                let last = self.devices[d.index()].last_applied();
+                let id_at = self.devices[d.index()].id;
+                for p in pair_slots(&self.devices, &self.pairs, d) {
+                    let (ids, pair) = (&self.ids, &mut self.pairs[p.index()]);
                     if pair.fence == idx {
                         pair.remap_thresholds(
                             &old.settings.dwell,
@@ -335,7 +332,7 @@ impl Engine {
                     }
                 }
                 if touched {
-                    self.process_device(d as u32, None, out);
+                    self.process_device(d, None, out);
                 }
             }
         }
@@ -347,9 +344,9 @@ impl Engine {
         let Some((idx, _)) = self.fences.remove(id) else {
             return false;
         };
-        for d in 0..self.devices.len() as u32 {
+        for d in (0..self.devices.len() as u32).map(DeviceSlot) {
             for p in pair_slots(&self.devices, &self.pairs, d) {
-                if self.pairs[p as usize].fence == idx {
+                if self.pairs[p.index()].fence == idx {
                     self.free_pair(d, p);
                     self.mark_dirty(d);
                 }

@@ -18,8 +18,48 @@ use crate::pairs::Pair;
 use crate::time::{Dur, Tick, Ts};
 use crate::wheel::TimerKey;
 
-use super::records::{NO_TICK, Reorders, pair_device};
-use super::{Advanced, DEVICE_BIT, Engine};
+use super::records::{
+    DeviceSlot, MAX_DEVICE_SLOTS, MAX_PAIR_SLOTS, NO_TICK, PairSlot, Reorders, pair_device,
+};
+use super::{Advanced, Engine};
+
+/// Set in a wheel entry's [`TimerKey::slot`] when the entry is a device's reorder-flush timer,
+/// the other bits being the device slot; clear when it is a pair's timer, the slot being the pair
+/// slot. Both kinds of slot stay below it ([`MAX_DEVICE_SLOTS`], [`MAX_PAIR_SLOTS`]).
+const FLUSH_TIMER_FLAG: u32 = 1 << 31;
+
+const _: () = assert!(MAX_DEVICE_SLOTS <= FLUSH_TIMER_FLAG && MAX_PAIR_SLOTS <= FLUSH_TIMER_FLAG);
+
+/// The record a wheel entry belongs to, as its [`TimerKey::slot`] encodes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TimerOwner {
+    /// A pair's timer, for its next internal event.
+    Pair(PairSlot),
+    /// A device's reorder-flush timer, for its earliest buffered fix.
+    Flush(DeviceSlot),
+}
+
+impl TimerOwner {
+    /// Decodes the owner of the entry `key`.
+    #[inline]
+    fn of(key: TimerKey) -> TimerOwner {
+        if key.slot & FLUSH_TIMER_FLAG != 0 {
+            TimerOwner::Flush(DeviceSlot(key.slot & !FLUSH_TIMER_FLAG))
+        } else {
+            TimerOwner::Pair(PairSlot(key.slot))
+        }
+    }
+
+    /// The key of an entry of this owner carrying `generation`.
+    #[inline]
+    fn key(self, generation: u32) -> TimerKey {
+        let slot = match self {
+            TimerOwner::Pair(p) => p.0,
+            TimerOwner::Flush(d) => d.0 | FLUSH_TIMER_FLAG,
+        };
+        TimerKey { slot, generation }
+    }
+}
 
 impl Engine {
     /// The event time at which the next [`Engine::advance`] may have work: the driver may sleep
@@ -55,24 +95,24 @@ impl Engine {
         self.due_devices.clear();
         for i in 0..self.fired.len() {
             let key = self.fired[i].key;
-            let (d, ready) = if key.slot & DEVICE_BIT != 0 {
-                let d = key.slot & !DEVICE_BIT;
-                (
+            let (d, ready) = match TimerOwner::of(key) {
+                TimerOwner::Flush(d) => (
                     d,
                     self.reorders.get_mut(&d).and_then(|r| {
                         r.flush_due = NO_TICK;
                         r.fixes.first().map(|b| b.ts)
                     }),
-                )
-            } else {
-                let p = &mut self.pairs[key.slot as usize];
-                p.set_timer(None, 0);
-                let ready = self
-                    .fences
-                    .get(p.fence)
-                    .and_then(|f| p.next_internal(&f.settings))
-                    .map(|t| t.plus(Dur(1)));
-                (pair_device(&self.pairs, key.slot), ready)
+                ),
+                TimerOwner::Pair(slot) => {
+                    let p = &mut self.pairs[slot.index()];
+                    p.set_timer(None, 0);
+                    let ready = self
+                        .fences
+                        .get(p.fence)
+                        .and_then(|f| p.next_internal(&f.settings))
+                        .map(|t| t.plus(Dur(1)));
+                    (pair_device(&self.pairs, slot), ready)
+                }
             };
             match ready {
                 Some(r) if r > w => self.soon.push(Reverse((r, d))),
@@ -108,8 +148,8 @@ impl Engine {
     }
 
     /// Puts pair `slot` (of device `d`) on the wheel at its next internal event.
-    pub(super) fn resched_pair(&mut self, d: u32, slot: u32) {
-        let pair = &mut self.pairs[slot as usize];
+    pub(super) fn resched_pair(&mut self, d: DeviceSlot, slot: PairSlot) {
+        let pair = &mut self.pairs[slot.index()];
         let Some(fence) = self.fences.get(pair.fence) else {
             return;
         };
@@ -135,19 +175,14 @@ impl Engine {
         pair.timer_gen = pair.timer_gen.wrapping_add(1);
         pair.set_timer(due, now);
         if let Some(due) = due {
-            self.wheel.schedule(
-                TimerKey {
-                    slot,
-                    generation: pair.timer_gen,
-                },
-                Tick(due),
-            );
+            self.wheel
+                .schedule(TimerOwner::Pair(slot).key(pair.timer_gen), Tick(due));
         }
     }
 
     /// Puts device `d`'s flush timer at its earliest buffered fix, and drops the reorder block
     /// once nothing waits in it.
-    pub(super) fn resched_device(&mut self, d: u32) {
+    pub(super) fn resched_device(&mut self, d: DeviceSlot) {
         let Some(reorder) = self.reorders.get_mut(&d) else {
             return;
         };
@@ -172,17 +207,13 @@ impl Engine {
             reorder.flush_gen = reorder.flush_gen.wrapping_add(1);
             reorder.flush_due = due.unwrap_or(NO_TICK);
             if let Some(due) = due {
-                self.wheel.schedule(
-                    TimerKey {
-                        slot: d | DEVICE_BIT,
-                        generation: reorder.flush_gen,
-                    },
-                    Tick(due),
-                );
+                self.wheel
+                    .schedule(TimerOwner::Flush(d).key(reorder.flush_gen), Tick(due));
             }
         }
         if reorder.fixes.is_empty() && reorder.flush_due == NO_TICK {
-            // An idle device keeps no buffer (at a million devices that was ~170 MB).
+            // An idle device keeps no reorder block: one per parked device would cost ~170 MB
+            // at a million devices.
             self.reorders.remove(&d);
         }
     }
@@ -190,12 +221,13 @@ impl Engine {
 
 /// Whether a wheel entry is still its owner's current timer.
 fn entry_live(k: TimerKey, pairs: &[Pair], reorders: &Reorders) -> bool {
-    if k.slot & DEVICE_BIT != 0 {
-        reorders
-            .get(&(k.slot & !DEVICE_BIT))
-            .is_some_and(|r| r.flush_gen == k.generation && r.flush_due != NO_TICK)
-    } else {
-        let p = &pairs[k.slot as usize];
-        p.timer_gen == k.generation && p.has_timer()
+    match TimerOwner::of(k) {
+        TimerOwner::Flush(d) => reorders
+            .get(&d)
+            .is_some_and(|r| r.flush_gen == k.generation && r.flush_due != NO_TICK),
+        TimerOwner::Pair(slot) => {
+            let p = &pairs[slot.index()];
+            p.timer_gen == k.generation && p.has_timer()
+        }
     }
 }

@@ -8,17 +8,17 @@ use std::sync::Arc;
 
 use crate::pairs::PairView;
 
-use super::records::pairs_of;
+use super::records::{DeviceSlot, pairs_of};
 use super::{DeviceSummary, DeviceView, Engine};
 
 impl Engine {
     /// A device's state.
     pub fn device(&self, id: &str) -> Option<DeviceView> {
         let d = self.device_ids.get(&self.devices, &self.ids, id)?;
-        let dev = &self.devices[d as usize];
+        let dev = &self.devices[d.index()];
         let mut pairs: Vec<(Arc<str>, PairView)> = pairs_of(&self.devices, &self.pairs, d)
             .filter_map(|p| {
-                let pair = &self.pairs[p as usize];
+                let pair = &self.pairs[p.index()];
                 let fence = self.fences.get(pair.fence)?;
                 Some((fence.id.clone(), pair.view(&fence.settings)))
             })
@@ -43,15 +43,16 @@ impl Engine {
         let page = (start..end)
             .map(|d| {
                 let dev = &self.devices[d];
-                let mut inside: Vec<Arc<str>> = pairs_of(&self.devices, &self.pairs, d as u32)
-                    .filter_map(|p| {
-                        let pair = &self.pairs[p as usize];
-                        if !pair.is_inside() {
-                            return None;
-                        }
-                        self.fences.get(pair.fence).map(|f| f.id.clone())
-                    })
-                    .collect();
+                let mut inside: Vec<Arc<str>> =
+                    pairs_of(&self.devices, &self.pairs, DeviceSlot(d as u32))
+                        .filter_map(|p| {
+                            let pair = &self.pairs[p.index()];
+                            if !pair.is_inside() {
+                                return None;
+                            }
+                            self.fences.get(pair.fence).map(|f| f.id.clone())
+                        })
+                        .collect();
                 inside.sort();
                 DeviceSummary {
                     id: Arc::from(self.ids.get(dev.id)),
