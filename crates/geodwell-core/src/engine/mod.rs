@@ -247,7 +247,7 @@ pub struct Engine {
     dirty: Vec<DeviceSlot>,
     /// A bit per device slot: listed in `dirty`.
     dirty_bits: Vec<u64>,
-    /// The generation the next [`Reorder`] starts its flush timer at.
+    /// The generation the next [`Reorder`](records::Reorder) starts its flush timer at.
     flush_gens: u32,
     /// Fence candidates of the fix being applied (kept to reuse its allocation).
     candidates: Vec<FenceIdx>,
