@@ -1,4 +1,4 @@
-//! The device-fence pair record and its state machine (DESIGN section 3).
+//! The device-fence pair record and its state machine (`docs/semantics.md` section 3).
 //!
 //! A [`Pair`] exists while a (device, fence) pair has state worth keeping: a pending ENTER run, or
 //! an open visit (INSIDE, possibly with a pending EXIT run). A pair with neither is dropped by the
@@ -75,7 +75,7 @@ pub enum Alive {
 /// A device-fence pair record: 40 bytes, one per live pair, so its size is a large part of what
 /// a live pair costs. There is no `device` field: the engine threads a device's pairs into a
 /// list through `link`, whose last element names the device. The three times are 48-bit values
-/// ([`Ts48`]: every valid [`Ts`] is below 2^48 ms), the timer's due tick is kept as its low 24
+/// (`Ts48`: every valid [`Ts`] is below 2^48 ms), the timer's due tick is kept as its low 24
 /// bits (see [`Pair::timer_is`]), and the open-visit flag is the top bit of the vote count.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pair {
@@ -151,8 +151,8 @@ const NEAR: u64 = 1 << (LOW_BITS - 1);
 
 /// The durable part of a pair record: its visit, pending run, and per-threshold state. The
 /// record's place in memory and its timer are not stored: the timer is derived from the state
-/// ([`Pair::next_internal`]) when the record is restored. Serialized as part of
-/// [`DeviceState`](crate::engine::DeviceState), and only under test (see there).
+/// ([`Pair::next_internal`]) when the record is restored. Stored as part of the engine's
+/// `DeviceState`; like it, serde-serializable only under test.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(test, derive(serde::Serialize, serde::Deserialize))]
 pub struct PairState {

@@ -102,7 +102,7 @@ pub enum IngestError {
     /// are used up.
     #[error("this shard holds as many devices as it can; device {device:?} is refused")]
     TooManyDevices {
-        /// The device.
+        /// The refused device.
         device: Arc<str>,
     },
     /// The device already holds the maximum number of fixes waiting for the watermark.
@@ -110,9 +110,9 @@ pub enum IngestError {
         "device {device:?} has {max} fixes waiting for the watermark; slow down or lower lateness"
     )]
     BufferFull {
-        /// The device.
+        /// The device whose buffer is full.
         device: Arc<str>,
-        /// The limit.
+        /// The limit, [`EngineConfig::max_buffered_per_device`].
         max: usize,
     },
 }
@@ -201,13 +201,13 @@ pub struct DeviceState {
 /// What [`Engine::restore`] rebuilt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Restored {
-    /// Devices.
+    /// Devices rebuilt.
     pub devices: u64,
-    /// Pair records.
+    /// Pair records rebuilt.
     pub pairs: u64,
     /// Pair records dropped because their fence no longer exists.
     pub dropped_pairs: u64,
-    /// Buffered fixes.
+    /// Fixes put back into reorder buffers.
     pub buffered: u64,
 }
 
@@ -222,7 +222,8 @@ pub enum RestoreError {
     TooManyDevices(usize),
 }
 
-/// One shard's engine.
+/// The engine of one shard: its devices, pair records, fences and timer wheel (the module docs
+/// give the invariants).
 #[derive(Debug)]
 pub struct Engine {
     cfg: EngineConfig,
@@ -237,11 +238,15 @@ pub struct Engine {
     pairs: Vec<Pair>,
     /// Freed pair slots; their records keep their generation so old wheel entries stay dead.
     free_pairs: Vec<PairSlot>,
+    /// Pair records in device lists (`pairs.len()` minus the free slots).
     live_pairs: u64,
+    /// Fixes waiting in reorder buffers, over all devices.
     buffered: u64,
     wheel: Wheel,
     watermark: Option<Ts>,
+    /// Wheel entries fired by the current advance (kept to reuse its allocation).
     fired: Vec<Fired>,
+    /// Devices the current advance brings up to date (kept to reuse its allocation).
     due_devices: Vec<DeviceSlot>,
     /// Devices whose durable state changed since the last [`Engine::take_dirty`].
     dirty: Vec<DeviceSlot>,
@@ -283,12 +288,12 @@ impl Engine {
         }
     }
 
-    /// The configuration.
+    /// The configuration the engine was built with.
     pub fn config(&self) -> &EngineConfig {
         &self.cfg
     }
 
-    /// The fence index.
+    /// The fences the engine evaluates fixes against.
     pub fn fences(&self) -> &FenceIndex {
         &self.fences
     }
@@ -298,7 +303,7 @@ impl Engine {
         self.watermark
     }
 
-    /// Counters.
+    /// Engine-wide counters: devices, live pairs, buffered fixes and the wheel's own.
     pub fn stats(&self) -> EngineStats {
         EngineStats {
             devices: self.devices.len() as u64,

@@ -1,4 +1,4 @@
-//! Property tests of the engine against a naive recompute of DESIGN sections 2-4.
+//! Property tests of the engine against a naive recompute of `docs/semantics.md` sections 2-4.
 //!
 //! - [`crate::reference`] rebuilds the expected event set from the whole trace at once,
 //!   reading the rules directly; it shares no state machine with the engine.

@@ -1,4 +1,4 @@
-//! Table tests: one or more per rule of DESIGN sections 2 and 3.
+//! Table tests: one or more per rule of `docs/semantics.md` sections 2 and 3.
 
 use std::sync::Arc;
 

@@ -12,7 +12,8 @@ use super::records::{DeviceSlot, pairs_of};
 use super::{DeviceSummary, DeviceView, Engine};
 
 impl Engine {
-    /// A device's state.
+    /// The state of device `id`: its last applied fix and position, how many fixes it buffers,
+    /// and its pairs by fence id; `None` for a device the engine has never seen.
     pub fn device(&self, id: &str) -> Option<DeviceView> {
         let d = self.device_ids.get(&self.devices, &self.ids, id)?;
         let dev = &self.devices[d.index()];

@@ -77,7 +77,7 @@ pub(crate) fn contains_flat(flat: &[f64], px: f64, py: f64) -> bool {
     inside
 }
 
-/// Mean Earth radius (IUGG), metres: the sphere of DESIGN section 3.
+/// Mean Earth radius (IUGG), metres: the sphere of `docs/semantics.md` section 3.1.
 pub const EARTH_RADIUS_M: f64 = 6_371_008.8;
 
 /// Metres per degree of latitude on that sphere.
