@@ -235,9 +235,9 @@ impl IdArena {
 }
 
 /// Device id -> device slot. The table holds slots only (4 bytes a bucket) and compares against
-/// the id in the arena on lookup; a `HashMap<Arc<str>, u32>` spent 24 bytes a bucket, about 50
-/// bytes a device at its load factor. foldhash: SipHash was 3 % of ingest time, and foldhash is
-/// randomly seeded too.
+/// the id in the arena on lookup: a map keyed by `Arc<str>` would take 24 bytes a bucket, about
+/// 50 bytes a device at its load factor. Hashed with foldhash, which is randomly seeded like
+/// SipHash but cheaper (SipHash measured 3 % of ingest time).
 #[derive(Debug, Default)]
 pub(super) struct DeviceIds {
     table: hashbrown::HashTable<DeviceSlot>,

@@ -3,8 +3,9 @@
 //!
 //! # What it owns
 //! Small entries `(slot, generation, due)` that *reference* owner records kept elsewhere (the
-//! engine's pair records and reorder blocks). It owns no payload and never reads the owners itself: [`Wheel::advance`] asks the
-//! caller, through `is_live`, whether an entry's generation is still the record's current one.
+//! engine's pair records and reorder blocks). It owns no payload and never reads the owners
+//! itself: [`Wheel::advance`] asks the caller, through `is_live`, whether an entry's generation
+//! is still the record's current one.
 //!
 //! # Cancel is a tombstone
 //! Cancelling is the owner bumping its record's generation; the wheel is only told through
@@ -127,23 +128,22 @@ impl Emit<'_> {
 /// Entries keep their absolute due tick (the low 32 bits, recovered from `now`), so a bucket
 /// visit fires exactly the entries with `due <= to` and keeps the others: correctness never rests
 /// on a bucket holding a single turn, and no rotation counts are needed. Placement files each
-/// deadline in the finest part whose span covers it, so today a visit fires, promotes or drops
-/// everything it meets; the keep path is what makes that an optimisation, not a premise. A coarse
-/// bucket is visited when the wheel crosses the
-/// start of the `F`-tick window it stands for; its entries of that window are then fired or moved
-/// once to the fine level. The overflow list is swept at every coarse window crossing (at most one
-/// sweep per [`Wheel::advance`]): it moves entries that came within `F*C` ticks into a level and
-/// drops dead ones. Occupancy bitmaps let `advance` skip empty buckets, and a jump of many turns
-/// visits each bucket at most once.
+/// deadline in the finest part whose span covers it, so in practice a visit fires, promotes or
+/// drops everything it meets; the keep path is what makes that an optimisation, not a premise. A
+/// coarse bucket is visited when the wheel crosses the start of the `F`-tick window it stands
+/// for; its entries of that window are then fired or moved once to the fine level. The overflow
+/// list is swept at every coarse window crossing (at most one sweep per [`Wheel::advance`]): it
+/// moves entries that came within `F*C` ticks into a level and drops dead ones. Occupancy bitmaps
+/// let `advance` skip empty buckets, and a jump of many turns visits each bucket at most once.
 ///
 /// # Storage
 /// Level buckets are chains of 64-entry chunks from one pool shared by both levels; the chain
 /// links live apart from the chunks, so that a visit can prefetch the chunks ahead of the one it
-/// works on (they were written one dwell earlier and are cold). A visit
-/// compacts the kept entries in place and returns the emptied chunks to the pool, where the
-/// buckets being filled pick them up: no allocation once the pool has reached the working set,
-/// and memory tracks the stored entries (12 B each, tombstones included, plus at most one partly
-/// filled chunk per occupied bucket) rather than buckets times their largest size.
+/// works on (they were written one dwell earlier and are cold). A visit compacts the kept
+/// entries in place and returns the emptied chunks to the pool, where the buckets being filled
+/// pick them up: no allocation once the pool has reached the working set, and memory tracks the
+/// stored entries (12 B each, tombstones included, plus at most one partly filled chunk per
+/// occupied bucket) rather than buckets times their largest size.
 pub struct Wheel {
     now: u64,
     fine_bits: u32,

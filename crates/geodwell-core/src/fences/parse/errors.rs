@@ -73,7 +73,8 @@ pub enum FenceErrorKind {
     /// A Polygon without rings or a MultiPolygon without polygons.
     #[error("a polygon needs at least one ring (a MultiPolygon at least one polygon)")]
     EmptyPolygon,
-    /// More positions than [`FenceLimits::max_vertices`](crate::fences::FenceLimits::max_vertices).
+    /// More positions than
+    /// [`FenceLimits::max_vertices`](crate::fences::FenceLimits::max_vertices).
     #[error("{count} positions exceed the limit of {max} per fence")]
     TooManyVertices {
         /// Positions given.
@@ -148,7 +149,8 @@ pub enum FenceErrorKind {
         /// The limit.
         max: usize,
     },
-    /// Error reporting stopped at [`FenceLimits::max_errors`](crate::fences::FenceLimits::max_errors).
+    /// Error reporting stopped at
+    /// [`FenceLimits::max_errors`](crate::fences::FenceLimits::max_errors).
     #[error("{more} more errors not shown")]
     TooManyErrors {
         /// Errors not listed.
