@@ -23,6 +23,7 @@ impl Engine {
             .collect()
     }
 
+    /// The durable state of device `d`.
     pub(super) fn export_device(&self, d: DeviceSlot) -> DeviceState {
         let dev = &self.devices[d.index()];
         DeviceState {
@@ -121,6 +122,7 @@ impl Engine {
         Ok(r)
     }
 
+    /// Lists device `d` for the next [`Engine::take_dirty`] (once; nothing without `track_dirty`).
     #[inline]
     pub(super) fn mark_dirty(&mut self, d: DeviceSlot) {
         if !self.cfg.track_dirty {
