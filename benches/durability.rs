@@ -314,9 +314,12 @@ fn build_state(target_pairs: usize, cfg: &Config) -> Built {
     let mut rng = Rng::new(0x9E37_79B9_7F4A_7C15);
     let mut tail: VecDeque<Event> = VecDeque::with_capacity(cfg.log_capacity + 1);
     let mut out = Vec::new();
-    let mut keep = |engine: &mut Engine, out: &mut Vec<Event>| {
-        engine.stamp(out);
-        for e in out.drain(..) {
+    // Numbered in emission order, as the service's event log numbers them.
+    let mut seq = 0u64;
+    let mut keep = |out: &mut Vec<Event>| {
+        for mut e in out.drain(..) {
+            seq += 1;
+            e.seq = seq;
             tail.push_back(e);
             if tail.len() > cfg.log_capacity {
                 tail.pop_front();
@@ -356,11 +359,11 @@ fn build_state(target_pairs: usize, cfg: &Config) -> Built {
             accuracy: Some(10.0),
         };
         engine.ingest(&fix, ts, &mut out).expect("fix is taken");
-        keep(&mut engine, &mut out);
+        keep(&mut out);
     }
     let w = T0 + WINDOW_MS;
     engine.advance(Ts(w), &mut out);
-    keep(&mut engine, &mut out);
+    keep(&mut out);
     // 1% of the devices have a later fix waiting in their reorder buffer.
     for (i, &(lon, lat)) in positions.iter().enumerate().step_by(100) {
         let fix = Fix {
@@ -371,7 +374,7 @@ fn build_state(target_pairs: usize, cfg: &Config) -> Built {
             accuracy: Some(10.0),
         };
         engine.ingest(&fix, Ts(w), &mut out).expect("fix is taken");
-        keep(&mut engine, &mut out);
+        keep(&mut out);
     }
     let stats = engine.stats();
     let next_seq = tail.back().map_or(1, |e| e.seq + 1);

@@ -121,7 +121,7 @@ impl<'de> Deserialize<'de> for Secs {
     }
 }
 
-/// One ENTER, EXIT or DWELL event (DESIGN section 4).
+/// One ENTER, EXIT or DWELL event (`docs/semantics.md` section 4).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
     /// Position in the publishing log (gap-free, monotonic per instance); 0 until stamped.

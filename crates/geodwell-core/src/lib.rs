@@ -3,14 +3,17 @@
 //! Dependencies point one way inside the core too: `time` <- `wheel`, `fences`, `fix`, `event`
 //! <- `pairs` <- `engine`.
 //!
-//! - [`time`]: event time, durations, ticks, watermark.
+//! - [`time`]: event time, durations and ticks.
 //! - [`wheel`]: the hashed timer wheel.
 //! - [`fences`]: fence model, validation, R-tree index and exact geometric tests.
 //! - [`fix`]: location fixes and their validation.
 //! - [`event`]: events and their deterministic ids.
 //! - [`pairs`]: the device-fence pair record and its state machine.
-//! - [`engine`]: reorder buffer, fix application, watermark advance.
+//! - [`engine`]: reorder buffer, fix application, watermark advance, persistence of device
+//!   state.
 //! - [`mod@reference`]: a naive recompute of the semantics, the oracle of the model tests.
+
+#![deny(missing_docs)]
 
 pub mod engine;
 pub mod event;

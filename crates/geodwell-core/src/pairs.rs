@@ -1,4 +1,4 @@
-//! The device-fence pair record and its state machine (DESIGN section 3).
+//! The device-fence pair record and its state machine (`docs/semantics.md` section 3).
 //!
 //! A [`Pair`] exists while a (device, fence) pair has state worth keeping: a pending ENTER run, or
 //! an open visit (INSIDE, possibly with a pending EXIT run). A pair with neither is dropped by the
@@ -23,8 +23,6 @@
 //! - during a pending ENTER run (`enter_confirm > 1`) deadlines are evaluated tentatively from the
 //!   run's first fix, so that a late confirmation fires the thresholds it has already passed with
 //!   the staleness they had at their deadline.
-
-use serde::{Deserialize, Serialize};
 
 use crate::fences::FenceIdx;
 use crate::fences::FenceSettings;
@@ -77,17 +75,18 @@ pub enum Alive {
 /// A device-fence pair record: 40 bytes, one per live pair, so its size is a large part of what
 /// a live pair costs. There is no `device` field: the engine threads a device's pairs into a
 /// list through `link`, whose last element names the device. The three times are 48-bit values
-/// ([`Ts48`]: every valid [`Ts`] is below 2^48 ms), the timer's due tick is kept as its low 24
+/// (`Ts48`: every valid [`Ts`] is below 2^48 ms), the timer's due tick is kept as its low 24
 /// bits (see [`Pair::timer_is`]), and the open-visit flag is the top bit of the vote count.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pair {
-    /// The next pair slot of the same device, or the device slot tagged with the engine's device
-    /// bit when this is the device's last pair. Owned by the engine.
-    pub link: u32,
+    /// The next pair slot of the same device or, for the device's last pair, the device slot
+    /// with the engine's list-end tag. Owned by the engine (`engine::records`).
+    pub(crate) link: u32,
     /// The fence.
     pub fence: FenceIdx,
     /// Generation of this record's timer: a wheel entry is live only while it carries this value.
-    pub timer_gen: u32,
+    /// Owned by the engine, which bumps it whenever it replaces or drops the entry.
+    pub(crate) timer_gen: u32,
     /// The outstanding wheel entry: the low 24 bits of its due tick and, above them, its
     /// [`TimerState`] (see [`Pair::timer_is`]).
     timer: u32,
@@ -152,8 +151,10 @@ const NEAR: u64 = 1 << (LOW_BITS - 1);
 
 /// The durable part of a pair record: its visit, pending run, and per-threshold state. The
 /// record's place in memory and its timer are not stored: the timer is derived from the state
-/// ([`Pair::next_internal`]) when the record is restored.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// ([`Pair::next_internal`]) when the record is restored. Stored as part of the engine's
+/// `DeviceState`; like it, serde-serializable only under test.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(test, derive(serde::Serialize, serde::Deserialize))]
 pub struct PairState {
     /// Visit start (or pending ENTER run start), Unix ms.
     pub entered_at: i64,
@@ -544,141 +545,4 @@ impl Pair {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn settings(dwell: &[i64]) -> FenceSettings {
-        FenceSettings {
-            dwell: dwell.iter().map(|s| Dur::from_secs(*s)).collect(),
-            exit_buffer_m: 0.0,
-            enter_confirm: 1,
-            exit_confirm: 1,
-            confirm_within: Dur::from_mins(5),
-            stale_after: Some(Dur::from_mins(15)),
-            max_accuracy_m: None,
-            tags: std::sync::Arc::new(serde_json::json!({})),
-        }
-    }
-
-    fn run(p: &mut Pair, s: &FenceSettings, steps: &[(i64, Option<FixClass>)]) -> Vec<PairOutput> {
-        let mut out = Vec::new();
-        let mut last = Some(p.entered_at());
-        for &(t, class) in steps {
-            let ts = Ts(t * 1000);
-            p.catch_up(s, ts, last, &mut |o| out.push(o));
-            if let Some(c) = class {
-                last = Some(ts);
-                p.on_fix(s, ts, c, &mut |o| out.push(o));
-            }
-        }
-        out
-    }
-
-    #[test]
-    fn enter_then_dwell_then_exit() {
-        let s = settings(&[60]);
-        let mut out = Vec::new();
-        let mut p = Pair::start(FenceIdx(0), &s, Ts(0), &mut |o| out.push(o));
-        assert_eq!(out, vec![PairOutput::Enter { entered_at: Ts(0) }]);
-        let got = run(
-            &mut p,
-            &s,
-            &[
-                (30, Some(FixClass::Inside)),
-                (61, None),
-                (90, Some(FixClass::Outside)),
-            ],
-        );
-        assert_eq!(
-            got,
-            vec![
-                PairOutput::Dwell {
-                    entered_at: Ts(0),
-                    threshold: Dur::from_secs(60)
-                },
-                PairOutput::Exit {
-                    entered_at: Ts(0),
-                    at: Ts(90_000)
-                },
-            ]
-        );
-    }
-
-    #[test]
-    fn remap_keeps_fired_state_of_unchanged_thresholds() {
-        let s = settings(&[60, 120]);
-        let mut out = Vec::new();
-        let mut p = Pair::start(FenceIdx(0), &s, Ts(0), &mut |o| out.push(o));
-        run(&mut p, &s, &[(61, Some(FixClass::Inside))]);
-        assert_eq!(p.fired, 0b1);
-        let s2 = FenceSettings {
-            dwell: vec![Dur::from_secs(30), Dur::from_secs(60)],
-            ..s.clone()
-        };
-        let got = run_remap(&mut p, &s, &s2);
-        assert_eq!((p.evaluated, p.fired), (2, 0b11));
-        assert_eq!(
-            got,
-            vec![PairOutput::Dwell {
-                entered_at: Ts(0),
-                threshold: Dur::from_secs(30)
-            }],
-            "only the new, already passed threshold fires"
-        );
-    }
-
-    fn run_remap(p: &mut Pair, old: &FenceSettings, new: &FenceSettings) -> Vec<PairOutput> {
-        let mut out = Vec::new();
-        p.remap_thresholds(&old.dwell, new, Some(Ts(61_000)), &mut |o| out.push(o));
-        out
-    }
-
-    #[test]
-    fn timer_low_bits_identify_the_tick_near_the_wheel_and_never_far_from_it() {
-        let s = FenceSettings::default();
-        let mut p = Pair::start(FenceIdx(0), &s, Ts(0), &mut |_| {});
-        assert!(p.timer_is(None, 5) && !p.has_timer());
-        for base in [0u64, (1 << 24) - 10, u64::from(u32::MAX) - 10, 1 << 40] {
-            // Across the wrap of the stored low bits.
-            p.set_timer(Some(base + 100), base);
-            assert!(p.has_timer());
-            assert!(p.timer_is(Some(base + 100), base));
-            assert!(p.timer_is(Some(base + 100), base + 50));
-            assert!(!p.timer_is(Some(base + 101), base));
-            assert!(!p.timer_is(None, base));
-            // Same low bits, 2^24 ticks apart: not the same tick.
-            assert!(!p.timer_is(Some(base + 100 + (1 << 24)), base + 50));
-            // A far timer is never taken for the same one, so it is always rescheduled.
-            p.set_timer(Some(base + (1 << 23)), base);
-            assert!(p.has_timer());
-            assert!(!p.timer_is(Some(base + (1 << 23)), base));
-            p.set_timer(None, base);
-            assert!(!p.has_timer() && p.timer_is(None, base));
-        }
-    }
-
-    #[test]
-    fn packed_fields_round_trip() {
-        let s = FenceSettings::default();
-        for ts in [Ts::MIN, Ts(1_767_225_600_123), Ts::MAX] {
-            assert_eq!(Ts48::new(ts).get(), ts);
-        }
-        let st = PairState {
-            entered_at: Ts::MAX.0,
-            vote_first: 1,
-            vote_last: 2,
-            votes: 99,
-            inside: true,
-            evaluated: 3,
-            fired: 0b101,
-            stale: 0b10,
-        };
-        let s3 = FenceSettings {
-            dwell: vec![Dur::from_secs(1), Dur::from_secs(2), Dur::from_secs(3)],
-            ..s
-        };
-        let p = Pair::from_state(FenceIdx(0), &st, &s3);
-        assert_eq!(p.state(), st);
-        assert!(p.is_inside());
-    }
-}
+mod tests;

@@ -1,4 +1,5 @@
-//! A deliberately naive reference implementation of DESIGN sections 2-4, used as a test oracle.
+//! A deliberately naive reference implementation of `docs/semantics.md` sections 2-4, used as a
+//! test oracle.
 //!
 //! It sees the whole trace at once and reads the rules directly: per device and fence it walks the
 //! applied fixes in event-time order to find visits (debounce, hysteresis, accuracy filter, run
@@ -16,7 +17,7 @@ use crate::fences::{Fence, FenceSettings};
 use crate::fix::Fix;
 use crate::time::{Dur, Ts};
 
-/// The events DESIGN sections 2-4 define for `fixes` once the watermark has reached `w_final`
+/// The events `docs/semantics.md` sections 2-4 define for `fixes` once the watermark has reached `w_final`
 /// (every fix with `ts <= w_final` applied; fixes arrive within the lateness, so none is late).
 /// Sorted by (device, fence, at, kind).
 pub fn expected_events(fences: &[Arc<Fence>], fixes: &[Fix], w_final: Ts) -> Vec<Event> {

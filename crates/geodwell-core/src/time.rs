@@ -1,4 +1,4 @@
-//! Event time, durations, ticks and the watermark.
+//! Event time, durations and ticks.
 //!
 //! Owns the numeric model of time that the whole core shares:
 //! - [`Ts`] is event time: milliseconds since the Unix epoch, never negative, never after
@@ -6,9 +6,8 @@
 //! - [`Dur`] is a non-negative span of milliseconds, parsed from `"90s"`, `"10m"`, `"1h"`, `"2d"`,
 //!   `"250ms"` or a bare number of seconds.
 //! - [`Tick`] is a timer-wheel slot index; [`TickClock`] converts between the two and is the
-//!   only place that decides rounding: deadlines round **up** (a timer never fires early) and the
-//!   watermark rounds **down** (a tick is only complete once the watermark has passed its end).
-//! - [`EventClock`] tracks the watermark in `event` mode (`W = max ts seen - lateness`).
+//!   only place that decides rounding: an instant maps **down** to the last tick it completes,
+//!   so a tick is only complete once the watermark has passed its end.
 //!
 //! Nothing here reads a clock: wall time, where needed, is an argument.
 
@@ -227,16 +226,10 @@ pub enum TimeError {
     BadDuration(String),
 }
 
-/// A timer-wheel slot index: tick `k` covers event time `((k-1)*T, k*T]` for tick length `T`.
+/// A timer-wheel slot index. With tick length `T`, tick `k` is complete once the watermark
+/// reaches `k * T` ([`TickClock::tick_end`]); [`TickClock::completed_tick`] rounds down.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Tick(pub u64);
-
-impl Tick {
-    /// The raw index.
-    pub fn get(self) -> u64 {
-        self.0
-    }
-}
 
 /// Converts between event time and ticks of a fixed length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -252,18 +245,6 @@ impl TickClock {
         }
     }
 
-    /// The tick length.
-    pub fn tick(&self) -> Dur {
-        Dur(self.tick_ms)
-    }
-
-    /// The first tick whose completion implies `W >= t`: `ceil(t / T)`. Schedule deadlines
-    /// with this so that a timer can never fire before its event time.
-    pub fn deadline_tick(&self, t: Ts) -> Tick {
-        let t = t.0.max(0);
-        Tick(((t + self.tick_ms - 1) / self.tick_ms) as u64)
-    }
-
     /// The last tick completed by watermark `w`: `floor(w / T)`.
     pub fn completed_tick(&self, w: Ts) -> Tick {
         Tick((w.0.max(0) / self.tick_ms) as u64)
@@ -273,43 +254,6 @@ impl TickClock {
     pub fn tick_end(&self, k: Tick) -> Ts {
         Ts((k.0 as i64).saturating_mul(self.tick_ms))
     }
-}
-
-/// Watermark tracking for `event` mode: `W = max ts seen - lateness`, monotone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EventClock {
-    lateness: Dur,
-    max_seen: Option<Ts>,
-}
-
-impl EventClock {
-    /// A tracker that has seen nothing yet.
-    pub fn new(lateness: Dur) -> EventClock {
-        EventClock {
-            lateness,
-            max_seen: None,
-        }
-    }
-
-    /// Notes an arriving event time.
-    pub fn observe(&mut self, ts: Ts) {
-        self.max_seen = Some(self.max_seen.map_or(ts, |m| m.max(ts)));
-    }
-
-    /// The current watermark, or `None` before any fix.
-    pub fn watermark(&self) -> Option<Ts> {
-        self.max_seen.map(|m| m.minus(self.lateness))
-    }
-
-    /// The largest event time seen.
-    pub fn max_seen(&self) -> Option<Ts> {
-        self.max_seen
-    }
-}
-
-/// Live-mode watermark: `W = wall_now - lateness`.
-pub fn live_watermark(wall_now: Ts, lateness: Dur) -> Ts {
-    wall_now.minus(lateness)
 }
 
 #[cfg(test)]
@@ -352,25 +296,13 @@ mod tests {
     }
 
     #[test]
-    fn deadlines_round_up_and_watermarks_round_down() {
+    fn watermarks_round_down_to_the_last_completed_tick() {
         let c = TickClock::new(Dur::from_secs(1));
-        assert_eq!(c.deadline_tick(Ts(1000)), Tick(1));
-        assert_eq!(c.deadline_tick(Ts(1001)), Tick(2));
         assert_eq!(c.completed_tick(Ts(1999)), Tick(1));
-        // A deadline fires only once the watermark has reached it.
-        for t in [0, 1, 999, 1000, 1001, 123_456] {
-            let k = c.deadline_tick(Ts(t));
-            assert!(c.tick_end(k) >= Ts(t));
-            assert!(c.tick_end(k).0 - t < 1000);
+        // A tick is complete exactly from its end on.
+        for k in [0, 1, 2, 123] {
+            assert_eq!(c.completed_tick(c.tick_end(Tick(k))), Tick(k));
+            assert_eq!(c.completed_tick(Ts(c.tick_end(Tick(k + 1)).0 - 1)), Tick(k));
         }
-    }
-
-    #[test]
-    fn event_clock_is_monotone() {
-        let mut e = EventClock::new(Dur::from_secs(2));
-        assert_eq!(e.watermark(), None);
-        e.observe(Ts(10_000));
-        e.observe(Ts(5_000));
-        assert_eq!(e.watermark(), Some(Ts(8_000)));
     }
 }

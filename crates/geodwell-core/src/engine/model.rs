@@ -1,4 +1,4 @@
-//! Property tests of the engine against a naive recompute of DESIGN sections 2-4.
+//! Property tests of the engine against a naive recompute of `docs/semantics.md` sections 2-4.
 //!
 //! - [`crate::reference`] rebuilds the expected event set from the whole trace at once,
 //!   reading the rules directly; it shares no state machine with the engine.
@@ -13,6 +13,7 @@ use proptest::prelude::*;
 use super::tests::{fence_from, square};
 use super::*;
 use crate::event::EventKind;
+use crate::fix::Fix;
 
 /// A seeded generator (Xoshiro256++), so a proptest seed fully determines a trace.
 struct Rng(rand_xoshiro::Xoshiro256PlusPlus);

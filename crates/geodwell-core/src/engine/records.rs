@@ -1,5 +1,6 @@
-//! The engine's per-device storage: device records, their reorder buffers, the id arena and the
-//! id -> slot table.
+//! The engine's storage of devices and pairs: device records, their reorder buffers, the id
+//! arena and the id -> slot table, the pair slots with their free list, and the per-device pair
+//! lists threaded through the pair records (making, walking, linking and unlinking them).
 //!
 //! There is one device record per device ever seen, so its size is most of what a parked device
 //! costs. It is 32 bytes and owns no heap block:
@@ -12,21 +13,121 @@
 //!   the head, the last pair's link names the device;
 //! - absent times and positions are sentinels rather than `Option`s.
 //!
-//! Invariants: a device has a [`Reorder`] exactly while it buffers a fix or arms a flush timer; a device's id is `arena.get(device.id)` for its whole life; every slot in
-//! [`DeviceIds`] is a device whose id hashes to it.
+//! Invariants: a device has a [`Reorder`] exactly while it buffers a fix or arms a flush timer; a
+//! device's id is `arena.get(device.id)` for its whole life; every slot in [`DeviceIds`] is a
+//! device whose id hashes to it; every live pair is in exactly one device's list, which ends in
+//! that device, and a free pair slot is in none (`Engine::check_records` asserts all of these
+//! in tests).
 
 use std::hash::BuildHasher;
 
+use smallvec::SmallVec;
+
+use crate::pairs::Pair;
 use crate::time::Ts;
 
-use super::Buffered;
+use super::Engine;
 
-/// Marks "no pair" in [`Device::first_pair`].
+/// A device's index in `Engine::devices`. Slots are handed out in arrival order and never
+/// reused, so a slot names one device for the engine's whole life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(transparent)]
+pub(super) struct DeviceSlot(pub u32);
+
+/// A pair record's index in `Engine::pairs`. Freed slots are reused; a record keeps its timer
+/// generation across reuse, so the wheel entries of the slot's earlier pair stay dead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(transparent)]
+pub(super) struct PairSlot(pub u32);
+
+impl DeviceSlot {
+    /// The index into `Engine::devices`.
+    #[inline]
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+
+    /// The link that ends this device's pair list.
+    #[inline]
+    fn list_end(self) -> u32 {
+        self.0 | LIST_END_TAG
+    }
+
+    /// The device a list-ending `link` names; `None` when the link is to a next pair.
+    #[inline]
+    fn ending(link: u32) -> Option<DeviceSlot> {
+        (link & LIST_END_TAG != 0).then_some(DeviceSlot(link & !LIST_END_TAG))
+    }
+}
+
+impl PairSlot {
+    /// The index into `Engine::pairs`.
+    #[inline]
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+
+    /// The pair a `link` (or a device's `first_pair`) leads to; `None` when it ends the list.
+    #[inline]
+    fn linked(link: u32) -> Option<PairSlot> {
+        (link & LIST_END_TAG == 0).then_some(PairSlot(link))
+    }
+
+    /// The link that leads to this pair.
+    #[inline]
+    fn link(self) -> u32 {
+        self.0
+    }
+}
+
+/// Set in a pair's `link` when it ends its device's list: the other bits are then the device
+/// slot, not a next pair slot. That is how a pair finds its device without a field of its own.
+const LIST_END_TAG: u32 = 1 << 31;
+
+/// The number of device slots a shard can hold: a device slot must leave the top bit free,
+/// where [`LIST_END_TAG`] (and the engine's flush-timer flag) sit when a device slot is stored
+/// in a pair link (or a wheel key).
+pub(super) const MAX_DEVICE_SLOTS: u32 = 1 << 31;
+
+/// The number of pair slots, bounded like device slots so that a pair slot never looks like a
+/// tagged device slot. Out of reach in practice (2^31 records are 80 GiB), so only debug builds
+/// check it.
+pub(super) const MAX_PAIR_SLOTS: u32 = 1 << 31;
+
+/// Marks "no pair" in [`Device::first_pair`]. It carries [`LIST_END_TAG`], so a walk from an
+/// empty list's head ends at once.
 pub(super) const NO_PAIR: u32 = u32::MAX;
+
+const _: () = assert!(
+    MAX_DEVICE_SLOTS <= LIST_END_TAG
+        && MAX_PAIR_SLOTS <= LIST_END_TAG
+        && NO_PAIR & LIST_END_TAG != 0
+);
+
 /// Marks "no fix applied yet" in [`Device::last_applied`].
 pub(super) const NO_TS: i64 = i64::MIN;
 /// Marks "no flush timer armed" in [`Reorder::flush_due`].
 pub(super) const NO_TICK: u64 = u64::MAX;
+
+/// A fix waiting in a reorder buffer (the device is implied).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Buffered {
+    pub ts: Ts,
+    pub lat: f64,
+    pub lon: f64,
+    pub accuracy: Option<f64>,
+}
+
+impl Buffered {
+    /// The application order of fixes of one device: by (ts, lat, lon).
+    #[inline]
+    pub fn key_cmp(&self, ts: Ts, lat: f64, lon: f64) -> std::cmp::Ordering {
+        self.ts
+            .cmp(&ts)
+            .then(self.lat.total_cmp(&lat))
+            .then(self.lon.total_cmp(&lon))
+    }
+}
 
 /// A device record (32 bytes; `record_sizes` pins it).
 #[derive(Debug)]
@@ -37,7 +138,7 @@ pub(super) struct Device {
     pub last_position: [f64; 2],
     /// Offset of the id in the shard's [`IdArena`].
     pub id: u32,
-    /// Head of the device's pair list; `NO_PAIR` when it has none.
+    /// Link to the first pair of the device's list; `NO_PAIR` when it has none.
     pub first_pair: u32,
 }
 
@@ -63,7 +164,7 @@ impl Device {
 
 /// The reorder buffers by device slot. A side table rather than a field: most devices have
 /// nothing waiting at any moment, and a field would cost every device record 8 bytes.
-pub(super) type Reorders = hashbrown::HashMap<u32, Reorder, foldhash::fast::RandomState>;
+pub(super) type Reorders = hashbrown::HashMap<DeviceSlot, Reorder, foldhash::fast::RandomState>;
 
 /// A device's reorder buffer and its flush timer: made when a fix has to wait for the watermark,
 /// dropped when none waits any more (and the timer is disarmed).
@@ -134,12 +235,12 @@ impl IdArena {
 }
 
 /// Device id -> device slot. The table holds slots only (4 bytes a bucket) and compares against
-/// the id in the arena on lookup; a `HashMap<Arc<str>, u32>` spent 24 bytes a bucket, about 50
-/// bytes a device at its load factor. foldhash: SipHash was 3 % of ingest time, and foldhash is
-/// randomly seeded too.
+/// the id in the arena on lookup: a map keyed by `Arc<str>` would take 24 bytes a bucket, about
+/// 50 bytes a device at its load factor. Hashed with foldhash, which is randomly seeded like
+/// SipHash but cheaper (SipHash measured 3 % of ingest time).
 #[derive(Debug, Default)]
 pub(super) struct DeviceIds {
-    table: hashbrown::HashTable<u32>,
+    table: hashbrown::HashTable<DeviceSlot>,
     hasher: foldhash::fast::RandomState,
 }
 
@@ -148,35 +249,176 @@ impl DeviceIds {
         self.hasher.hash_one(id)
     }
 
-    pub fn get(&self, devices: &[Device], arena: &IdArena, id: &str) -> Option<u32> {
+    pub fn get(&self, devices: &[Device], arena: &IdArena, id: &str) -> Option<DeviceSlot> {
         let id = id.as_bytes();
         self.table
-            .find(self.hash(id), |&d| {
-                arena.bytes(devices[d as usize].id) == id
-            })
+            .find(self.hash(id), |&d| arena.bytes(devices[d.index()].id) == id)
             .copied()
     }
 
     /// Adds slot `d`, whose id must not be in the table yet.
-    pub fn insert(&mut self, devices: &[Device], arena: &IdArena, d: u32) {
-        let id = arena.bytes(devices[d as usize].id);
+    pub fn insert(&mut self, devices: &[Device], arena: &IdArena, d: DeviceSlot) {
+        let id = arena.bytes(devices[d.index()].id);
         debug_assert!(
             self.table
-                .find(self.hash(id), |&x| arena.bytes(devices[x as usize].id)
-                    == id)
+                .find(self.hash(id), |&x| arena.bytes(devices[x.index()].id) == id)
                 .is_none()
         );
         let hasher = &self.hasher;
         self.table.insert_unique(hasher.hash_one(id), d, |&x| {
-            hasher.hash_one(arena.bytes(devices[x as usize].id))
+            hasher.hash_one(arena.bytes(devices[x.index()].id))
         });
     }
 
     pub fn reserve(&mut self, devices: &[Device], arena: &IdArena, additional: usize) {
         let hasher = &self.hasher;
         self.table.reserve(additional, |&x| {
-            hasher.hash_one(arena.bytes(devices[x as usize].id))
+            hasher.hash_one(arena.bytes(devices[x.index()].id))
         });
+    }
+}
+
+impl Engine {
+    /// The slot of device `id`, made if new; `None` when the shard has no room for another.
+    pub(super) fn device_slot(&mut self, id: &str) -> Option<DeviceSlot> {
+        if let Some(d) = self.device_ids.get(&self.devices, &self.ids, id) {
+            return Some(d);
+        }
+        let d = u32::try_from(self.devices.len())
+            .ok()
+            .filter(|&d| d < MAX_DEVICE_SLOTS)
+            .map(DeviceSlot)?;
+        let at = self.ids.push(id).ok()?;
+        self.devices.push(Device::new(at));
+        self.device_ids.insert(&self.devices, &self.ids, d);
+        Some(d)
+    }
+
+    /// Stores `pair` in a free slot and appends it to device `d`'s list.
+    pub(super) fn insert_pair(&mut self, d: DeviceSlot, mut pair: Pair) {
+        pair.link = d.list_end();
+        let slot = match self.free_pairs.pop() {
+            Some(slot) => {
+                pair.timer_gen = self.pairs[slot.index()].timer_gen;
+                self.pairs[slot.index()] = pair;
+                slot
+            }
+            None => {
+                let slot = PairSlot(self.pairs.len() as u32);
+                debug_assert!(
+                    slot.0 < MAX_PAIR_SLOTS,
+                    "pair slots must leave the tag bit free"
+                );
+                self.pairs.push(pair);
+                slot
+            }
+        };
+        match PairSlot::linked(self.devices[d.index()].first_pair) {
+            None => self.devices[d.index()].first_pair = slot.link(),
+            Some(mut last) => {
+                while let Some(next) = PairSlot::linked(self.pairs[last.index()].link) {
+                    last = next;
+                }
+                self.pairs[last.index()].link = slot.link();
+            }
+        }
+        self.live_pairs += 1;
+    }
+
+    /// Unlinks pair `slot` from device `d`'s list and frees it, tombstoning its timer.
+    pub(super) fn free_pair(&mut self, d: DeviceSlot, slot: PairSlot) {
+        let next = self.pairs[slot.index()].link;
+        let head = &mut self.devices[d.index()].first_pair;
+        if *head == slot.link() {
+            *head = match PairSlot::linked(next) {
+                Some(_) => next,
+                None => NO_PAIR,
+            };
+        } else {
+            let mut prev = PairSlot(*head);
+            while self.pairs[prev.index()].link != slot.link() {
+                let link = self.pairs[prev.index()].link;
+                debug_assert!(
+                    PairSlot::linked(link).is_some(),
+                    "pair {} is not in device {}'s list",
+                    slot.0,
+                    d.0
+                );
+                prev = PairSlot(link);
+            }
+            self.pairs[prev.index()].link = next;
+        }
+        let pair = &mut self.pairs[slot.index()];
+        if pair.has_timer() {
+            self.wheel.cancelled();
+        }
+        pair.set_timer(None, 0);
+        pair.timer_gen = pair.timer_gen.wrapping_add(1);
+        self.free_pairs.push(slot);
+        self.live_pairs -= 1;
+    }
+}
+
+/// Device `d`'s pair slots in list order, walking the links.
+#[inline]
+pub(super) fn pairs_of<'a>(
+    devices: &[Device],
+    pairs: &'a [Pair],
+    d: DeviceSlot,
+) -> impl Iterator<Item = PairSlot> + 'a {
+    std::iter::successors(PairSlot::linked(devices[d.index()].first_pair), move |&p| {
+        PairSlot::linked(pairs[p.index()].link)
+    })
+}
+
+/// Device `d`'s pair slots in list order: a copy, for the loops that free or insert pairs.
+#[inline]
+pub(super) fn pair_slots(
+    devices: &[Device],
+    pairs: &[Pair],
+    d: DeviceSlot,
+) -> SmallVec<[PairSlot; 8]> {
+    pairs_of(devices, pairs, d).collect()
+}
+
+/// The device whose list holds pair `slot`: the tag at the end of the list.
+#[inline]
+pub(super) fn pair_device(pairs: &[Pair], slot: PairSlot) -> DeviceSlot {
+    let mut cur = slot;
+    loop {
+        let link = pairs[cur.index()].link;
+        if let Some(d) = DeviceSlot::ending(link) {
+            return d;
+        }
+        cur = PairSlot(link);
+    }
+}
+
+#[cfg(test)]
+impl Engine {
+    /// Checks the record invariants: every live pair is in exactly one device's list, the list
+    /// ends in that device, free slots are in no list, and a device holds a reorder block only
+    /// while it buffers a fix or arms a flush timer.
+    pub(crate) fn check_records(&self) {
+        let mut seen = vec![false; self.pairs.len()];
+        let mut count = 0u64;
+        for d in (0..self.devices.len() as u32).map(DeviceSlot) {
+            for p in pair_slots(&self.devices, &self.pairs, d) {
+                assert!(!seen[p.index()], "pair {} listed twice", p.0);
+                seen[p.index()] = true;
+                assert_eq!(pair_device(&self.pairs, p), d);
+                count += 1;
+            }
+            if let Some(r) = self.reorders.get(&d) {
+                assert!(!r.fixes.is_empty() || r.flush_due != NO_TICK);
+            }
+            let id = self.ids.get(self.devices[d.index()].id);
+            assert_eq!(self.device_ids.get(&self.devices, &self.ids, id), Some(d));
+        }
+        assert_eq!(count, self.live_pairs);
+        for &f in &self.free_pairs {
+            assert!(!seen[f.index()], "free pair {} is listed", f.0);
+        }
     }
 }
 

@@ -1,10 +1,11 @@
-//! Table tests: one or more per rule of DESIGN sections 2 and 3.
+//! Table tests: one or more per rule of `docs/semantics.md` sections 2 and 3.
 
 use std::sync::Arc;
 
 use super::*;
 use crate::event::EventKind;
 use crate::fences::FenceLimits;
+use crate::fix::Fix;
 
 /// 2026-01-01T00:00:00Z.
 const T0: i64 = 1_767_225_600_000;
@@ -519,18 +520,16 @@ fn circles_use_haversine_radius() {
 }
 
 #[test]
-fn ids_are_deterministic_and_seq_is_stamped_in_order() {
+fn ids_are_deterministic() {
     let run = || {
         let mut h = H::new(serde_json::json!({"dwell": ["1m"]}));
         h.fix(0, IN);
         h.w(61);
-        let mut out = std::mem::take(&mut h.out);
-        h.e.stamp(&mut out);
-        out
+        std::mem::take(&mut h.out)
     };
     let (a, b) = (run(), run());
     assert_eq!(a, b);
-    assert_eq!(a.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![1, 2]);
+    assert_eq!(a.len(), 2);
 }
 
 #[test]

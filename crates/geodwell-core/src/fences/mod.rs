@@ -17,7 +17,8 @@
 //!   it that answers the point queries.
 //!
 //! Submodules: `parse` (GeoJSON in and out, errors, limits), `edges` (polygon storage, exact
-//! tests, edge grid, distances), `index` (the R-tree and point-grid index).
+//! tests, distances, and the edge grid in `edges::grid`), `index` (the R-tree, and the point
+//! grid in `index::point_grid`).
 
 use std::sync::Arc;
 
@@ -43,7 +44,7 @@ use edges::{M_PER_DEG, PolyPart};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FenceIdx(pub u32);
 
-/// Per-fence tuning of the pair state machine (DESIGN section 3).
+/// Per-fence tuning of the pair state machine (`docs/semantics.md` section 3).
 #[derive(Debug, Clone, PartialEq)]
 pub struct FenceSettings {
     /// Dwell thresholds, ascending, distinct, at most [`MAX_THRESHOLDS`].
@@ -89,10 +90,10 @@ pub const MAX_THRESHOLDS: usize = 16;
 /// Largest accepted `enter_confirm` / `exit_confirm`.
 pub const MAX_CONFIRM: u8 = 100;
 
-/// Default `confirm_within` (DESIGN section 3).
+/// Default `confirm_within` (`docs/semantics.md` section 3.4).
 pub const DEFAULT_CONFIRM_WITHIN: Dur = Dur::from_mins(5);
 
-/// Default `stale_after` (DESIGN section 3).
+/// Default `stale_after` (`docs/semantics.md` section 3.7).
 pub const DEFAULT_STALE_AFTER: Dur = Dur::from_mins(15);
 
 /// Longest accepted fence id, in bytes.
@@ -134,7 +135,8 @@ pub struct Fence {
     pub(crate) shape: Shape,
 }
 
-/// Great-circle distance in metres between two (lon, lat) points on the DESIGN sphere.
+/// Great-circle distance in metres between two (lon, lat) points on the sphere of
+/// [`EARTH_RADIUS_M`] (haversine; `docs/semantics.md` section 3.1).
 pub fn haversine_m(lon1: f64, lat1: f64, lon2: f64, lat2: f64) -> f64 {
     let (p1, p2) = (lat1.to_radians(), lat2.to_radians());
     let dp = p2 - p1;
@@ -324,6 +326,7 @@ impl Fence {
         }
     }
 
-    /// Metres per degree of latitude on the DESIGN sphere (the `y` scale of [`Fence::distance_m`]).
+    /// Metres per degree of latitude on the sphere of [`EARTH_RADIUS_M`] (the `y` scale of
+    /// [`Fence::distance_m`]).
     pub const M_PER_DEG: f64 = M_PER_DEG;
 }

@@ -3,8 +3,9 @@
 //!
 //! # What it owns
 //! Small entries `(slot, generation, due)` that *reference* owner records kept elsewhere (the
-//! pair table). It owns no payload and never reads the owners itself: [`Wheel::advance`] asks the
-//! caller, through `is_live`, whether an entry's generation is still the record's current one.
+//! engine's pair records and reorder blocks). It owns no payload and never reads the owners
+//! itself: [`Wheel::advance`] asks the caller, through `is_live`, whether an entry's generation
+//! is still the record's current one.
 //!
 //! # Cancel is a tombstone
 //! Cancelling is the owner bumping its record's generation; the wheel is only told through
@@ -28,12 +29,25 @@
 //!   make `tombstones` the number of dead ones among them.
 //! - A timer is never handed out before its due tick; without a per-call cap it is handed out by
 //!   the first `advance` whose `to` reaches its due tick.
+//!
+//! # Layout
+//! This module decides where an entry goes and when it fires ([`Wheel::schedule`],
+//! [`Wheel::advance`], [`Wheel::next_due`]); `storage` holds the entry, chunk, pool, bucket and
+//! level types the levels are made of; `sweep` holds [`Wheel::sweep`] and its resumable cursor.
 
 use std::collections::VecDeque;
 use std::fmt;
 use std::mem;
 
 use crate::time::Tick;
+
+mod storage;
+mod sweep;
+#[cfg(test)]
+mod tests;
+
+use storage::{Bucket, CHUNK, Chunk, Entry, FarEntry, Level, NIL, PREFETCH_CHUNKS, Pool, unpack};
+use sweep::SweepCursor;
 
 /// Default `log2` of the fine level's bucket count: 4096 buckets of one tick each (68 min at 1 s).
 pub const DEFAULT_FINE_BITS: u32 = 12;
@@ -73,327 +87,8 @@ pub struct WheelStats {
     pub carry: u64,
 }
 
-/// A level entry: 12 bytes. Only the low 32 bits of the due tick are kept; the full value is
-/// recovered from the wheel's current tick because level entries are less than 2^24 ticks ahead.
-#[derive(Clone, Copy)]
-struct Entry {
-    slot: u32,
-    generation: u32,
-    due_lo: u32,
-}
-
-impl Entry {
-    #[inline]
-    fn new(key: TimerKey, due: u64) -> Entry {
-        Entry {
-            slot: key.slot,
-            generation: key.generation,
-            // Truncation is the point: see `unpack`.
-            due_lo: due as u32,
-        }
-    }
-
-    #[inline]
-    fn key(self) -> TimerKey {
-        TimerKey {
-            slot: self.slot,
-            generation: self.generation,
-        }
-    }
-}
-
-/// Recovers a level entry's full due tick from `base`, a tick less than 2^32 ticks before it.
-#[inline]
-fn unpack(base: u64, due_lo: u32) -> u64 {
-    base + u64::from(due_lo.wrapping_sub(base as u32))
-}
-
-/// An overflow entry, beyond the coarse level's span: full-width due tick (16 bytes).
-#[derive(Clone, Copy)]
-struct FarEntry {
-    key: TimerKey,
-    due: u64,
-}
-
-/// Occupancy bitmap of one level: a bit per bucket plus a summary bit per 64-bucket word, so the
-/// next occupied bucket is found in at most three word reads whatever the gap.
-struct Occupancy {
-    words: Box<[u64]>,
-    summary: u64,
-}
-
-impl Occupancy {
-    fn new(buckets: usize) -> Occupancy {
-        debug_assert!(buckets <= 64 * 64);
-        Occupancy {
-            words: vec![0; buckets.div_ceil(64)].into_boxed_slice(),
-            summary: 0,
-        }
-    }
-
-    #[inline]
-    fn set(&mut self, i: usize) {
-        let w = i >> 6;
-        self.words[w] |= 1 << (i & 63);
-        self.summary |= 1 << w;
-    }
-
-    #[inline]
-    fn clear(&mut self, i: usize) {
-        let w = i >> 6;
-        self.words[w] &= !(1 << (i & 63));
-        if self.words[w] == 0 {
-            self.summary &= !(1 << w);
-        }
-    }
-
-    /// The first occupied bucket at or after `start`, wrapping around the level.
-    #[inline]
-    fn next_from(&self, start: usize) -> Option<usize> {
-        let w = start >> 6;
-        let here = self.words[w] & (u64::MAX << (start & 63));
-        if here != 0 {
-            return Some((w << 6) | here.trailing_zeros() as usize);
-        }
-        let later = self.summary & (u64::MAX << w) & !(1u64 << w);
-        // Nothing at or after `start`: the lowest occupied bucket is the next one circularly.
-        let pick = if later != 0 { later } else { self.summary };
-        if pick == 0 {
-            return None;
-        }
-        let w2 = pick.trailing_zeros() as usize;
-        debug_assert!(self.words[w2] != 0);
-        Some((w2 << 6) | self.words[w2].trailing_zeros() as usize)
-    }
-}
-
-/// Entries per storage chunk. Small enough that a sparse wheel (one entry in each of many
-/// buckets) stays small, large enough that the link overhead is negligible.
-const CHUNK: usize = 64;
-/// "No chunk".
-const NIL: u32 = u32::MAX;
-/// How many chunks ahead of the one being processed a bucket visit prefetches.
-const PREFETCH_CHUNKS: usize = 2;
-
-/// A fixed block of entries, linked into one bucket's chain through [`Pool::next`]. Aligned to
-/// a cache line, so that its 768 bytes are exactly 12 lines.
-#[repr(C, align(64))]
-struct Chunk {
-    entries: [Entry; CHUNK],
-}
-
-/// Asks the CPU to start loading chunk `c` into cache. A bucket visit walks chunks written one
-/// dwell earlier, cold by then: prefetching the chain ahead of the visit overlaps those misses
-/// with the work on the current chunk instead of stalling on each one in turn.
-#[inline(always)]
-fn prefetch_chunk(c: &Chunk) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        let p = std::ptr::from_ref(c).cast::<i8>();
-        for line in 0..mem::size_of::<Chunk>() / 64 {
-            // SAFETY: `_mm_prefetch` only needs SSE, part of the x86_64 baseline, so the target
-            // feature is always present; a prefetch is a hint that never dereferences its
-            // address (nor faults), and the address lies inside `c` anyway.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line * 64)) };
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = c;
-}
-
-/// All buckets of both levels store their entries in chunks from this one pool. A bucket drained
-/// by a visit hands its chunks back for the buckets being filled, so the steady state allocates
-/// nothing and memory follows the number of stored entries, not the number of buckets times the
-/// largest bucket ever seen. Chunks are kept once allocated: the pool is bounded by the peak
-/// number of stored entries (rounded up to a chunk per occupied bucket).
-struct Pool {
-    /// Boxed one by one so that growing the pool never copies or over-reserves chunks.
-    #[expect(
-        clippy::vec_box,
-        reason = "a Vec<Chunk> would double (and copy) 768-byte chunks when it grows"
-    )]
-    chunks: Vec<Box<Chunk>>,
-    /// Chain links, `next[c]` following chunk `c` (or [`NIL`]). Kept apart from the chunks (4
-    /// bytes per 768-byte chunk) so that a visit can find the chunks ahead, and prefetch them,
-    /// without touching their cold memory first.
-    next: Vec<u32>,
-    free: Vec<u32>,
-}
-
-impl Pool {
-    #[inline]
-    fn alloc(&mut self) -> u32 {
-        let c = match self.free.pop() {
-            Some(c) => c,
-            None => {
-                self.chunks.push(Box::new(Chunk {
-                    entries: [Entry {
-                        slot: 0,
-                        generation: 0,
-                        due_lo: 0,
-                    }; CHUNK],
-                }));
-                self.next.push(NIL);
-                (self.chunks.len() - 1) as u32
-            }
-        };
-        self.next[c as usize] = NIL;
-        c
-    }
-
-    /// Returns the chain starting at `c` to the free list.
-    fn release_chain(&mut self, mut c: u32) {
-        while c != NIL {
-            let next = self.next[c as usize];
-            self.free.push(c);
-            c = next;
-        }
-    }
-
-    /// The chunk after `c` in its chain ([`NIL`] after the last one, or for `c == NIL`).
-    #[inline]
-    fn after(&self, c: u32) -> u32 {
-        self.next.get(c as usize).copied().unwrap_or(NIL)
-    }
-
-    /// Starts loading chunk `c` (nothing for [`NIL`]).
-    #[inline]
-    fn prefetch(&self, c: u32) {
-        if let Some(chunk) = self.chunks.get(c as usize) {
-            prefetch_chunk(chunk);
-        }
-    }
-}
-
-/// One bucket: a chain of chunks, all full except the tail.
-#[derive(Clone, Copy)]
-struct Bucket {
-    head: u32,
-    tail: u32,
-    len: u32,
-}
-
-impl Bucket {
-    const EMPTY: Bucket = Bucket {
-        head: NIL,
-        tail: NIL,
-        len: 0,
-    };
-}
-
-/// One level: `2^bits` buckets plus their occupancy bitmap.
-struct Level {
-    buckets: Box<[Bucket]>,
-    occ: Occupancy,
-    mask: u64,
-}
-
-impl Level {
-    fn new(bits: u32) -> Level {
-        let n = 1usize << bits;
-        Level {
-            buckets: vec![Bucket::EMPTY; n].into_boxed_slice(),
-            occ: Occupancy::new(n),
-            mask: (n - 1) as u64,
-        }
-    }
-
-    #[inline]
-    fn push(&mut self, pool: &mut Pool, idx: usize, e: Entry) {
-        let b = &mut self.buckets[idx];
-        let off = b.len as usize % CHUNK;
-        if b.len == 0 {
-            let c = pool.alloc();
-            b.head = c;
-            b.tail = c;
-            self.occ.set(idx);
-        } else if off == 0 {
-            let c = pool.alloc();
-            pool.next[b.tail as usize] = c;
-            b.tail = c;
-        }
-        pool.chunks[b.tail as usize].entries[off] = e;
-        b.len += 1;
-    }
-
-    /// Among the `count` bucket positions starting at bucket `start` (circularly), the first
-    /// occupied one at position `>= skip`: returns its bucket index and position.
-    #[inline]
-    fn next_in_range(&self, start: u64, skip: u64, count: u64) -> Option<(usize, u64)> {
-        if skip >= count {
-            return None;
-        }
-        let pos = (start + skip) & self.mask;
-        let idx = self.occ.next_from(pos as usize)? as u64;
-        let d = skip + (idx.wrapping_sub(pos) & self.mask);
-        (d < count).then_some((idx as usize, d))
-    }
-
-    fn heap_bytes(&self) -> usize {
-        self.buckets.len() * mem::size_of::<Bucket>() + self.occ.words.len() * 8
-    }
-}
-
 const FINE: usize = 0;
 const COARSE: usize = 1;
-
-/// A position in a bucket's chain: entry `off` of `chunk`, where `off == CHUNK` stands for the
-/// first entry of the chunk after it (resolved when used, so that a chunk appended meanwhile is
-/// found) and `chunk == NIL` for the bucket's first entry.
-#[derive(Clone, Copy, Debug)]
-struct ChainPos {
-    chunk: u32,
-    off: u32,
-}
-
-impl ChainPos {
-    const START: ChainPos = ChainPos { chunk: NIL, off: 0 };
-
-    /// The chunk and offset of this position in the chain starting at `head`.
-    #[inline]
-    fn resolve(&mut self, pool: &Pool, head: u32) -> (u32, usize) {
-        if self.chunk == NIL {
-            *self = ChainPos {
-                chunk: head,
-                off: 0,
-            };
-        } else if self.off as usize == CHUNK {
-            *self = ChainPos {
-                chunk: pool.next[self.chunk as usize],
-                off: 0,
-            };
-        }
-        (self.chunk, self.off as usize)
-    }
-}
-
-/// Progress of [`Wheel::sweep`] through the fine bucket of tick `at`. The first `r` entries of
-/// that bucket have been examined since the sweep reached it: its first `w` entries are the live
-/// ones among them, in their original order, and entries `w..r` the dead ones, dropped when the
-/// sweep finishes the bucket. Entries from `r` on are unexamined (appended ones included). The
-/// bucket stays a valid bucket throughout (a permutation of its entries, dead ones only moved),
-/// so an `advance` that reaches it before the sweep is done just visits it as usual.
-#[derive(Clone, Copy, Debug)]
-struct SweepCursor {
-    at: u64,
-    w: u32,
-    r: u32,
-    wpos: ChainPos,
-    rpos: ChainPos,
-}
-
-impl SweepCursor {
-    fn at(at: u64) -> SweepCursor {
-        SweepCursor {
-            at,
-            w: 0,
-            r: 0,
-            wpos: ChainPos::START,
-            rpos: ChainPos::START,
-        }
-    }
-}
 
 /// Hands fired timers out up to the per-call cap and carries the rest.
 struct Emit<'a> {
@@ -433,23 +128,22 @@ impl Emit<'_> {
 /// Entries keep their absolute due tick (the low 32 bits, recovered from `now`), so a bucket
 /// visit fires exactly the entries with `due <= to` and keeps the others: correctness never rests
 /// on a bucket holding a single turn, and no rotation counts are needed. Placement files each
-/// deadline in the finest part whose span covers it, so today a visit fires, promotes or drops
-/// everything it meets; the keep path is what makes that an optimisation, not a premise. A coarse
-/// bucket is visited when the wheel crosses the
-/// start of the `F`-tick window it stands for; its entries of that window are then fired or moved
-/// once to the fine level. The overflow list is swept at every coarse window crossing (at most one
-/// sweep per [`Wheel::advance`]): it moves entries that came within `F*C` ticks into a level and
-/// drops dead ones. Occupancy bitmaps let `advance` skip empty buckets, and a jump of many turns
-/// visits each bucket at most once.
+/// deadline in the finest part whose span covers it, so in practice a visit fires, promotes or
+/// drops everything it meets; the keep path is what makes that an optimisation, not a premise. A
+/// coarse bucket is visited when the wheel crosses the start of the `F`-tick window it stands
+/// for; its entries of that window are then fired or moved once to the fine level. The overflow
+/// list is swept at every coarse window crossing (at most one sweep per [`Wheel::advance`]): it
+/// moves entries that came within `F*C` ticks into a level and drops dead ones. Occupancy bitmaps
+/// let `advance` skip empty buckets, and a jump of many turns visits each bucket at most once.
 ///
 /// # Storage
 /// Level buckets are chains of 64-entry chunks from one pool shared by both levels; the chain
 /// links live apart from the chunks, so that a visit can prefetch the chunks ahead of the one it
-/// works on (they were written one dwell earlier and are cold). A visit
-/// compacts the kept entries in place and returns the emptied chunks to the pool, where the
-/// buckets being filled pick them up: no allocation once the pool has reached the working set,
-/// and memory tracks the stored entries (12 B each, tombstones included, plus at most one partly
-/// filled chunk per occupied bucket) rather than buckets times their largest size.
+/// works on (they were written one dwell earlier and are cold). A visit compacts the kept
+/// entries in place and returns the emptied chunks to the pool, where the buckets being filled
+/// pick them up: no allocation once the pool has reached the working set, and memory tracks the
+/// stored entries (12 B each, tombstones included, plus at most one partly filled chunk per
+/// occupied bucket) rather than buckets times their largest size.
 pub struct Wheel {
     now: u64,
     fine_bits: u32,
@@ -775,120 +469,6 @@ impl Wheel {
         dead
     }
 
-    /// Drops dead entries from the buckets `advance` will visit next, ahead of time, checking at
-    /// most `budget` entries with `is_live`; returns how many it checked.
-    ///
-    /// Walks the fine level from tick `now() + 1` forward (empty buckets skipped), resuming where
-    /// the previous call stopped, even in the middle of a bucket; once `advance` has reached the
-    /// tick it stopped at, it starts over at `now() + 1`. It stops at the end of the fine level
-    /// (`now() + F - 1`): the coarse level, the overflow list and the carry queue are left to
-    /// `advance`. Live entries stay in their bucket in their order (the bucket is compacted in
-    /// place, emptied chunks go back to the pool), so it never changes what fires or when: it
-    /// only takes work out of the tick that will visit the bucket. Dead entries found in a bucket
-    /// are dropped, and the tombstone count decremented, when the sweep finishes that bucket
-    /// (possibly over several calls); if `advance` reaches the bucket first, it checks and drops
-    /// them itself. Safe to call at any time, any number of times; `budget == 0` does nothing.
-    ///
-    /// The work it saves the tick is the work it does: it spreads the tick's tombstone checks
-    /// over the time between ticks, it does not remove them. Entries scheduled, and owners
-    /// cancelled, after the sweep passed a bucket are left to the tick.
-    pub fn sweep<F: FnMut(TimerKey) -> bool>(&mut self, budget: usize, mut is_live: F) -> usize {
-        if self.sweep.at <= self.now {
-            self.sweep = SweepCursor::at(self.now + 1);
-        }
-        let fine_mask = self.levels[FINE].mask;
-        // The last tick the fine level covers: deltas `1..=mask`.
-        let end = self.now + fine_mask;
-        let mut examined = 0usize;
-        let mut dropped = 0u64;
-        while examined < budget {
-            let cur = &mut self.sweep;
-            if cur.r == 0 {
-                // At the start of a bucket: find the next occupied one in `at..=end`.
-                if cur.at > end {
-                    break;
-                }
-                let count = end + 1 - cur.at;
-                match self.levels[FINE].next_in_range(cur.at & fine_mask, 0, count) {
-                    Some((_, d)) => *cur = SweepCursor::at(cur.at + d),
-                    None => {
-                        *cur = SweepCursor::at(end + 1);
-                        break;
-                    }
-                }
-            }
-            let idx = (cur.at & fine_mask) as usize;
-            let b = self.levels[FINE].buckets[idx];
-            let len = b.len as usize;
-            debug_assert!(cur.w <= cur.r && cur.r as usize <= len && len > 0);
-            // Entries of this bucket, chunk by chunk, within the budget.
-            while (cur.r as usize) < len && examined < budget {
-                let (rc, roff) = cur.rpos.resolve(&self.pool, b.head);
-                let n = (CHUNK - roff)
-                    .min(len - cur.r as usize)
-                    .min(budget - examined);
-                let ahead = self.pool.after(rc);
-                self.pool.prefetch(ahead);
-                self.pool.prefetch(self.pool.after(ahead));
-                // Liveness first, branch-free, as in `visit`: the owner reads overlap.
-                let mut live = [false; CHUNK];
-                let entries = &self.pool.chunks[rc as usize].entries[roff..roff + n];
-                for (l, e) in live.iter_mut().zip(entries) {
-                    *l = is_live(e.key());
-                }
-                for (i, &alive) in live[..n].iter().enumerate() {
-                    if alive {
-                        if cur.w != cur.r {
-                            // Everything in `w..r` is dead: swap the live entry down over the
-                            // first of them, so that the bucket stays a permutation.
-                            let (wc, woff) = cur.wpos.resolve(&self.pool, b.head);
-                            let chunks = &mut self.pool.chunks;
-                            let dead = chunks[wc as usize].entries[woff];
-                            let e = chunks[rc as usize].entries[roff + i];
-                            chunks[wc as usize].entries[woff] = e;
-                            chunks[rc as usize].entries[roff + i] = dead;
-                        } else {
-                            cur.wpos.resolve(&self.pool, b.head);
-                        }
-                        cur.wpos.off += 1;
-                        cur.w += 1;
-                    }
-                    cur.r += 1;
-                }
-                cur.rpos.off += n as u32;
-                examined += n;
-            }
-            if (cur.r as usize) < len {
-                // Out of budget in the middle of the bucket: the next call resumes here.
-                break;
-            }
-            // Bucket done: cut the dead tail `w..len`.
-            let kept = cur.w;
-            dropped += u64::from(cur.r - kept);
-            if kept == 0 {
-                self.pool.release_chain(b.head);
-                self.levels[FINE].occ.clear(idx);
-                self.levels[FINE].buckets[idx] = Bucket::EMPTY;
-            } else if kept != cur.r {
-                // `wpos` is just past the last kept entry, inside the chunk that holds it.
-                let last = cur.wpos.chunk;
-                debug_assert!(last != NIL && cur.wpos.off >= 1);
-                let rest = mem::replace(&mut self.pool.next[last as usize], NIL);
-                self.pool.release_chain(rest);
-                self.levels[FINE].buckets[idx] = Bucket {
-                    head: b.head,
-                    tail: last,
-                    len: kept,
-                };
-            }
-            *cur = SweepCursor::at(cur.at + 1);
-        }
-        debug_assert!(self.len >= dropped);
-        self.len -= dropped;
-        self.tombstones = self.tombstones.saturating_sub(dropped);
-        examined
-    }
-
     /// The earliest tick at which `advance` may fire something: `Some(now())` if entries are
     /// waiting in the carry queue, otherwise a lower bound that is never later than the earliest
     /// live due tick (it may be earlier: a coarse bucket answers with its window start, and dead
@@ -951,6 +531,3 @@ impl Wheel {
             + self.carry.capacity() * mem::size_of::<Fired>()
     }
 }
-
-#[cfg(test)]
-mod tests;

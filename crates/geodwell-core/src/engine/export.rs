@@ -1,0 +1,151 @@
+//! Persistence: the durable state of devices out ([`Engine::export`], [`Engine::take_dirty`])
+//! and back in ([`Engine::restore`]).
+//!
+//! Invariants: a device's durable state is its id, its last applied fix and position, its
+//! buffered fixes and its pair states, fences named by id; timers are not stored but derived from
+//! that state on restore, so a restored engine emits exactly what the running one would have.
+//! With `track_dirty`, every device whose durable state changed since the last `take_dirty` is
+//! listed once in `dirty` (its bit set in `dirty_bits`), so storing what `take_dirty` returns
+//! keeps a store equal to `export()`.
+
+use crate::pairs::Pair;
+use crate::time::Ts;
+use crate::wheel::Wheel;
+
+use super::records::{Buffered, DeviceSlot, NO_TICK, NO_TS, Reorder, pair_slots, pairs_of};
+use super::{DeviceState, Engine, RestoreError, Restored};
+
+impl Engine {
+    /// The durable state of every device, in slot order.
+    pub fn export(&self) -> Vec<DeviceState> {
+        (0..self.devices.len() as u32)
+            .map(|d| self.export_device(DeviceSlot(d)))
+            .collect()
+    }
+
+    /// The durable state of device `d`.
+    pub(super) fn export_device(&self, d: DeviceSlot) -> DeviceState {
+        let dev = &self.devices[d.index()];
+        DeviceState {
+            id: self.ids.get(dev.id).to_string(),
+            last_applied: dev.last_applied().map(|t| t.0),
+            last_position: dev.last_position(),
+            buffer: self
+                .reorders
+                .get(&d)
+                .map_or(&[][..], |r| &r.fixes)
+                .iter()
+                .map(|b| (b.ts.0, b.lat, b.lon, b.accuracy))
+                .collect(),
+            pairs: pairs_of(&self.devices, &self.pairs, d)
+                .filter_map(|p| {
+                    let pair = &self.pairs[p.index()];
+                    let fence = self.fences.get(pair.fence)?;
+                    Some((fence.id.to_string(), pair.state()))
+                })
+                .collect(),
+        }
+    }
+
+    /// Rebuilds devices, pairs and timers from exported state into an engine that has its fences
+    /// but no device yet, at watermark `w`. Nothing is emitted here: deadlines that passed while
+    /// the state was stored fire, with the ids they would have had, on the next
+    /// [`Engine::advance`], exactly as if the engine had been running.
+    pub fn restore(
+        &mut self,
+        devices: Vec<DeviceState>,
+        w: Option<Ts>,
+    ) -> Result<Restored, RestoreError> {
+        if !self.devices.is_empty() {
+            return Err(RestoreError::NotEmpty(self.devices.len()));
+        }
+        if let Some(w) = w {
+            self.watermark = Some(w);
+            self.wheel = Wheel::new(self.clock.completed_tick(w));
+        }
+        let mut r = Restored::default();
+        self.devices.reserve(devices.len());
+        self.device_ids
+            .reserve(&self.devices, &self.ids, devices.len());
+        for st in devices {
+            let Some(d) = self.device_slot(&st.id) else {
+                return Err(RestoreError::TooManyDevices(self.devices.len()));
+            };
+            let dev = &mut self.devices[d.index()];
+            dev.last_applied = st.last_applied.unwrap_or(NO_TS);
+            dev.last_position = st
+                .last_position
+                .map_or([f64::NAN; 2], |(lat, lon)| [lat, lon]);
+            let mut fixes: Vec<Buffered> = st
+                .buffer
+                .iter()
+                .map(|&(ts, lat, lon, accuracy)| Buffered {
+                    ts: Ts(ts),
+                    lat,
+                    lon,
+                    accuracy,
+                })
+                .collect();
+            fixes.sort_by(|a, b| a.key_cmp(b.ts, b.lat, b.lon));
+            self.buffered += fixes.len() as u64;
+            r.buffered += fixes.len() as u64;
+            if !fixes.is_empty() {
+                self.flush_gens = self.flush_gens.wrapping_add(1);
+                self.reorders.insert(
+                    d,
+                    Reorder {
+                        fixes,
+                        flush_due: NO_TICK,
+                        flush_gen: self.flush_gens,
+                    },
+                );
+            }
+            for (fence_id, ps) in &st.pairs {
+                let Some(idx) = self.fences.idx_of(fence_id) else {
+                    r.dropped_pairs += 1;
+                    continue;
+                };
+                let Some(fence) = self.fences.get(idx) else {
+                    r.dropped_pairs += 1;
+                    continue;
+                };
+                let pair = Pair::from_state(idx, ps, &fence.settings);
+                self.insert_pair(d, pair);
+                r.pairs += 1;
+            }
+            for p in pair_slots(&self.devices, &self.pairs, d) {
+                self.resched_pair(d, p);
+            }
+            self.resched_device(d);
+            r.devices += 1;
+        }
+        Ok(r)
+    }
+
+    /// Lists device `d` for the next [`Engine::take_dirty`] (once; nothing without `track_dirty`).
+    #[inline]
+    pub(super) fn mark_dirty(&mut self, d: DeviceSlot) {
+        if !self.cfg.track_dirty {
+            return;
+        }
+        let (word, bit) = (d.index() / 64, 1u64 << (d.0 % 64));
+        if word >= self.dirty_bits.len() {
+            self.dirty_bits.resize(word + 1, 0);
+        }
+        if self.dirty_bits[word] & bit == 0 {
+            self.dirty_bits[word] |= bit;
+            self.dirty.push(d);
+        }
+    }
+
+    /// The durable state of every device changed since the previous call (for incremental
+    /// persistence: storing these keeps a store equal to [`Engine::export`]).
+    pub fn take_dirty(&mut self) -> Vec<DeviceState> {
+        let dirty = std::mem::take(&mut self.dirty);
+        let out = dirty.iter().map(|&d| self.export_device(d)).collect();
+        for d in dirty {
+            self.dirty_bits[d.index() / 64] &= !(1u64 << (d.0 % 64));
+        }
+        out
+    }
+}

@@ -1,0 +1,362 @@
+//! The engine: reorder buffer, fix application and watermark advance for one shard.
+//!
+//! Owns the devices, the pair records, one fence index and one timer wheel. It is synchronous and
+//! deterministic: the watermark and every fix come in as arguments, nothing reads a clock.
+//!
+//! Invariants, with `W` the engine's watermark:
+//! - A device's fixes are applied in (ts, lat, lon) order, each only once `W >= ts`; a fix with
+//!   `ts < W` when it reaches the engine, or before its device's last applied fix, is late and
+//!   changes nothing; one with the `ts` of an applied or buffered fix is a duplicate.
+//! - Per device, fixes and the pairs' internal events (dwell deadlines, run expiries) are processed
+//!   in event-time order: before a fix at `ts` every internal event `< ts` of the device's pairs is
+//!   processed, and a watermark advance processes internal events `< W`. Devices are independent,
+//!   so the wheel only decides *when* a device is brought up to date, never *what* it emits: the
+//!   emitted events depend on the fixes alone, whatever their arrival order within the lateness,
+//!   the batch split, the tick length or the shard count.
+//! - `advance(W)` is exact, not tick-quantized: afterwards every buffered fix `<= W` is applied and
+//!   every internal event `< W` processed (unless the fire cap carried work). So the emitted events
+//!   are a function of the fixes and the final watermark alone.
+//! - Each pair has at most one live wheel entry (for its next internal event) and each device one
+//!   (for its earliest buffered fix), in the tick that holds the exact instant the work becomes
+//!   ready: the wheel brings the device up at the start of that tick, and the rest of the tick is
+//!   covered by a small exact-time heap (`soon`). The wheel never fires before its tick; the
+//!   engine never acts before the exact time. Rescheduling bumps the record's generation; the old
+//!   entry becomes a tombstone the wheel drops when it meets it.
+//!
+//! Layout: this module holds the [`Engine`] struct, its configuration and public types, the
+//! constructor, the accessors and the fence changes; each submodule adds one `impl Engine` block
+//! over the fields defined here:
+//! - `ingest`: fix intake, the reorder buffer, applying fixes and catching pairs up to a bound;
+//! - `timers`: watermark advance, wheel scheduling and sweeping, `next_due`, and which wheel
+//!   entries are still live;
+//! - `export`: the durable state out and back in, and dirty tracking for persistence;
+//! - `views`: read-only device views and pages for the API;
+//! - `records`: device and pair storage (slots, ids, reorder buffers, per-device pair lists).
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::Arc;
+
+use thiserror::Error;
+
+use crate::event::Event;
+use crate::fences::{Fence, FenceIdx, FenceIndex};
+use crate::pairs::{Pair, PairState, PairView};
+use crate::time::{Dur, Tick, TickClock, Ts};
+use crate::wheel::{Fired, Wheel, WheelStats};
+
+mod export;
+mod ingest;
+mod records;
+mod timers;
+mod views;
+
+#[cfg(test)]
+mod model;
+#[cfg(test)]
+mod tests;
+
+use ingest::to_event;
+use records::{Device, DeviceIds, DeviceSlot, IdArena, PairSlot, Reorders, pair_slots};
+
+/// Engine tuning.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    /// Wheel tick length: bounds how long after `W` passes a deadline its event is emitted.
+    pub tick: Dur,
+    /// Most wheel entries fired by one [`Engine::advance`]; the rest carry to the next call.
+    pub max_fires_per_advance: usize,
+    /// Most fixes one device may hold in its reorder buffer.
+    pub max_buffered_per_device: usize,
+    /// Track devices whose durable state changed, for [`Engine::take_dirty`] (on when a store
+    /// persists the engine; off saves the bookkeeping).
+    pub track_dirty: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            tick: Dur::from_secs(1),
+            max_fires_per_advance: 100_000,
+            max_buffered_per_device: 1024,
+            track_dirty: false,
+        }
+    }
+}
+
+/// How the engine took a fix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Ingested {
+    /// Buffered or applied.
+    Accepted,
+    /// Older than the watermark or than the device's last applied fix: counted, not applied.
+    Late,
+    /// Same `ts` as an applied or buffered fix of the device: counted, not applied.
+    Duplicate,
+}
+
+/// Why the engine refused a fix.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum IngestError {
+    /// The shard cannot take another device: its 2^31 device slots or its 4 GiB of device ids
+    /// are used up.
+    #[error("this shard holds as many devices as it can; device {device:?} is refused")]
+    TooManyDevices {
+        /// The refused device.
+        device: Arc<str>,
+    },
+    /// The device already holds the maximum number of fixes waiting for the watermark.
+    #[error(
+        "device {device:?} has {max} fixes waiting for the watermark; slow down or lower lateness"
+    )]
+    BufferFull {
+        /// The device whose buffer is full.
+        device: Arc<str>,
+        /// The limit, [`EngineConfig::max_buffered_per_device`].
+        max: usize,
+    },
+}
+
+impl IngestError {
+    /// The stable code an item error carries in API answers and the `reason` of the rejection
+    /// metric.
+    pub fn code(&self) -> &'static str {
+        match self {
+            IngestError::TooManyDevices { .. } => "too_many_devices",
+            IngestError::BufferFull { .. } => "buffer_full",
+        }
+    }
+}
+
+/// Result of a watermark advance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Advanced {
+    /// Wheel entries fired.
+    pub fired: usize,
+    /// Whether due entries were left for the next call by the fire cap.
+    pub carried: bool,
+}
+
+/// Engine-wide counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EngineStats {
+    /// Devices known.
+    pub devices: u64,
+    /// Live pair records.
+    pub pairs: u64,
+    /// Fixes waiting in reorder buffers.
+    pub buffered: u64,
+    /// Wheel counters.
+    pub wheel: WheelStats,
+}
+
+/// A device's state, for APIs and tests.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceView {
+    /// Device id.
+    pub id: Arc<str>,
+    /// Latest applied fix time.
+    pub last_fix_at: Option<Ts>,
+    /// Latest applied position (lat, lon).
+    pub last_position: Option<(f64, f64)>,
+    /// Fixes waiting for the watermark.
+    pub buffered: usize,
+    /// Pair records, by fence id, sorted.
+    pub pairs: Vec<(Arc<str>, PairView)>,
+}
+
+/// A device in a listing: where it is and which fences it is inside (committed ENTER, no EXIT
+/// yet).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceSummary {
+    /// Device id.
+    pub id: Arc<str>,
+    /// Latest applied fix time.
+    pub last_fix_at: Option<Ts>,
+    /// Latest applied position (lat, lon).
+    pub last_position: Option<(f64, f64)>,
+    /// Ids of the fences the device is inside, sorted.
+    pub inside: Vec<Arc<str>>,
+}
+
+/// The durable state of one device: what [`Engine::export`] writes and [`Engine::restore`]
+/// reads. Fences are named by id, so the state survives fence slots being renumbered. The
+/// service stores it with its own binary codec; the serde derives exist only for the model test
+/// that round-trips an export through JSON.
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(test, derive(serde::Serialize, serde::Deserialize))]
+pub struct DeviceState {
+    /// Device id.
+    pub id: String,
+    /// Latest applied fix, Unix ms.
+    pub last_applied: Option<i64>,
+    /// Latest applied position (lat, lon).
+    pub last_position: Option<(f64, f64)>,
+    /// Fixes waiting for the watermark: (ts ms, lat, lon, accuracy), in application order.
+    pub buffer: Vec<(i64, f64, f64, Option<f64>)>,
+    /// Pair records, by fence id.
+    pub pairs: Vec<(String, PairState)>,
+}
+
+/// What [`Engine::restore`] rebuilt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Restored {
+    /// Devices rebuilt.
+    pub devices: u64,
+    /// Pair records rebuilt.
+    pub pairs: u64,
+    /// Pair records dropped because their fence no longer exists.
+    pub dropped_pairs: u64,
+    /// Fixes put back into reorder buffers.
+    pub buffered: u64,
+}
+
+/// Why a restore was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum RestoreError {
+    /// Restore must start from an engine that holds no device yet.
+    #[error("restore needs an engine without devices; this one has {0}")]
+    NotEmpty(usize),
+    /// The stored devices do not fit one shard (2^31 slots, 4 GiB of ids).
+    #[error("the stored devices do not fit one shard; {0} were restored")]
+    TooManyDevices(usize),
+}
+
+/// The engine of one shard: its devices, pair records, fences and timer wheel (the module docs
+/// give the invariants).
+#[derive(Debug)]
+pub struct Engine {
+    cfg: EngineConfig,
+    clock: TickClock,
+    fences: FenceIndex,
+    devices: Vec<Device>,
+    /// Every device's id, addressed by `Device::id`.
+    ids: IdArena,
+    device_ids: DeviceIds,
+    /// The reorder buffers of the devices that have fixes waiting, by device slot.
+    reorders: Reorders,
+    pairs: Vec<Pair>,
+    /// Freed pair slots; their records keep their generation so old wheel entries stay dead.
+    free_pairs: Vec<PairSlot>,
+    /// Pair records in device lists (`pairs.len()` minus the free slots).
+    live_pairs: u64,
+    /// Fixes waiting in reorder buffers, over all devices.
+    buffered: u64,
+    wheel: Wheel,
+    watermark: Option<Ts>,
+    /// Wheel entries fired by the current advance (kept to reuse its allocation).
+    fired: Vec<Fired>,
+    /// Devices the current advance brings up to date (kept to reuse its allocation).
+    due_devices: Vec<DeviceSlot>,
+    /// Devices whose durable state changed since the last [`Engine::take_dirty`].
+    dirty: Vec<DeviceSlot>,
+    /// A bit per device slot: listed in `dirty`.
+    dirty_bits: Vec<u64>,
+    /// The generation the next [`Reorder`](records::Reorder) starts its flush timer at.
+    flush_gens: u32,
+    /// Fence candidates of the fix being applied (kept to reuse its allocation).
+    candidates: Vec<FenceIdx>,
+    /// Devices with work ready at an exact time inside the current tick: (ready time, device).
+    /// Entries may be stale (the device was processed since); processing is idempotent.
+    soon: BinaryHeap<Reverse<(Ts, DeviceSlot)>>,
+}
+
+impl Engine {
+    /// An empty engine.
+    pub fn new(cfg: EngineConfig) -> Engine {
+        Engine {
+            clock: TickClock::new(cfg.tick),
+            cfg,
+            fences: FenceIndex::new(),
+            devices: Vec::new(),
+            ids: IdArena::default(),
+            device_ids: DeviceIds::default(),
+            reorders: Reorders::default(),
+            pairs: Vec::new(),
+            free_pairs: Vec::new(),
+            live_pairs: 0,
+            buffered: 0,
+            wheel: Wheel::new(Tick(0)),
+            watermark: None,
+            fired: Vec::new(),
+            due_devices: Vec::new(),
+            soon: BinaryHeap::new(),
+            dirty: Vec::new(),
+            dirty_bits: Vec::new(),
+            flush_gens: 0,
+            candidates: Vec::new(),
+        }
+    }
+
+    /// The configuration the engine was built with.
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// The fences the engine evaluates fixes against.
+    pub fn fences(&self) -> &FenceIndex {
+        &self.fences
+    }
+
+    /// The current watermark (`None` before the first).
+    pub fn watermark(&self) -> Option<Ts> {
+        self.watermark
+    }
+
+    /// Engine-wide counters: devices, live pairs, buffered fixes and the wheel's own.
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            devices: self.devices.len() as u64,
+            pairs: self.live_pairs,
+            buffered: self.buffered,
+            wheel: self.wheel.stats(),
+        }
+    }
+
+    /// Inserts or replaces a fence. Geometry changes apply from each device's next fix; changed
+    /// dwell thresholds are re-mapped onto open visits (see [`Pair::remap_thresholds`]).
+    pub fn upsert_fence(&mut self, fence: Arc<Fence>, out: &mut Vec<Event>) -> FenceIdx {
+        let (idx, old) = self.fences.upsert(fence.clone());
+        if let Some(old) = old
+            && old.settings.dwell != fence.settings.dwell
+        {
+            for d in (0..self.devices.len() as u32).map(DeviceSlot) {
+                let mut touched = false;
+                let last = self.devices[d.index()].last_applied();
+                let id_at = self.devices[d.index()].id;
+                for p in pair_slots(&self.devices, &self.pairs, d) {
+                    let (ids, pair) = (&self.ids, &mut self.pairs[p.index()]);
+                    if pair.fence == idx {
+                        pair.remap_thresholds(
+                            &old.settings.dwell,
+                            &fence.settings,
+                            last,
+                            &mut |o| out.push(to_event(o, ids.get(id_at), &fence)),
+                        );
+                        touched = true;
+                    }
+                }
+                if touched {
+                    self.process_device(d, None, out);
+                }
+            }
+        }
+        idx
+    }
+
+    /// Removes a fence: its pairs are dropped and their timers cancelled, without events.
+    pub fn remove_fence(&mut self, id: &str) -> bool {
+        let Some((idx, _)) = self.fences.remove(id) else {
+            return false;
+        };
+        for d in (0..self.devices.len() as u32).map(DeviceSlot) {
+            for p in pair_slots(&self.devices, &self.pairs, d) {
+                if self.pairs[p.index()].fence == idx {
+                    self.free_pair(d, p);
+                    self.mark_dirty(d);
+                }
+            }
+        }
+        true
+    }
+}
