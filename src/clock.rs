@@ -14,9 +14,38 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use geodwell_core::time::{Dur, Ts};
+use std::fmt;
+
 use tokio::sync::watch;
 
-use crate::config::ClockMode;
+/// How the watermark moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClockMode {
+    /// `W = wall clock - lateness`.
+    Live,
+    /// `W = max ts seen - lateness`.
+    Event,
+}
+
+impl std::str::FromStr for ClockMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "live" => Ok(ClockMode::Live),
+            "event" => Ok(ClockMode::Event),
+            _ => Err(format!("expected \"live\" or \"event\", got {s:?}")),
+        }
+    }
+}
+
+impl fmt::Display for ClockMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ClockMode::Live => "live",
+            ClockMode::Event => "event",
+        })
+    }
+}
 
 /// Wall time derived from one (SystemTime, Instant) origin: monotonic, so it never jumps back and
 /// a deadline in wall time maps onto an exact `Instant`.

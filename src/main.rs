@@ -82,7 +82,10 @@ fn load(
         Some(p) => Some((
             p.display().to_string(),
             std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?,
-            p.parent().map(PathBuf::from),
+            // Absolute, so that messages name the full path of what a relative one resolved to.
+            std::path::absolute(p)
+                .ok()
+                .and_then(|a| a.parent().map(PathBuf::from)),
         )),
         None => None,
     };

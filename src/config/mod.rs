@@ -1,6 +1,7 @@
 //! Configuration: raw TOML, environment and command-line overrides -> a validated [`Config`].
 //!
-//! - `load.rs`: the schema and the loader (every layer, every problem reported at once).
+//! - `load.rs`: the loader (every layer merged key by key, every problem reported at once).
+//! - `values.rs`: the schema and the typed reading of each value.
 //! - `webhooks.rs`: the `[[webhooks]]` array, validated by the sink definitions' own validator.
 //!
 //! Invariants of a [`Config`]: every value is in range; `shards` is resolved (never 0);
@@ -15,6 +16,7 @@
 mod load;
 #[cfg(test)]
 mod tests;
+mod values;
 mod webhooks;
 
 pub use load::Sources;
@@ -49,34 +51,7 @@ pub enum FencePreload {
     File(PathBuf),
 }
 
-/// How the watermark moves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClockMode {
-    /// `W = wall clock - lateness`.
-    Live,
-    /// `W = max ts seen - lateness`.
-    Event,
-}
-
-impl std::str::FromStr for ClockMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "live" => Ok(ClockMode::Live),
-            "event" => Ok(ClockMode::Event),
-            _ => Err(format!("expected \"live\" or \"event\", got {s:?}")),
-        }
-    }
-}
-
-impl fmt::Display for ClockMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            ClockMode::Live => "live",
-            ClockMode::Event => "event",
-        })
-    }
-}
+pub use crate::clock::ClockMode;
 
 /// A validated configuration.
 #[derive(Debug, Clone, PartialEq)]

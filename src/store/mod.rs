@@ -1,4 +1,4 @@
-//! Durable state on redb (DESIGN section 7, issue 4): one file, `geodwell.redb`, in the data
+//! Durable state on redb: one file, `geodwell.redb`, in the data
 //! directory holds the fences, every device's state (pair records with their visit state,
 //! reorder buffer, last applied fix), the watermark, the event log and delivery cursors.
 //!

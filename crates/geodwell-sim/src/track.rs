@@ -292,7 +292,7 @@ impl Tracker {
                         (due_ms.max(0) as u64) * 1000
                     }
                 };
-                // A DWELL also waits for a pending EXIT vote's outcome (DESIGN section 3): then
+                // A DWELL also waits for a pending EXIT vote's outcome (docs/semantics.md section 3.6): then
                 // the device's next fix after the deadline releases it. The later of the two
                 // causes is taken (this can understate a prompt DWELL when that fix went out
                 // between the watermark's batch and the event: rare, and small).

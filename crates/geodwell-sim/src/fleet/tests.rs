@@ -142,7 +142,7 @@ fn in_order_without_disorder_and_bounded_with_it() {
 }
 
 /// The behaviour the generator promises, measured on six hours of a 150-device fleet, with the
-/// events computed by the reference implementation of DESIGN sections 2-4.
+/// events computed by the reference implementation of docs/semantics.md sections 2-4.
 #[test]
 fn the_trace_has_dwells_edge_jitter_silences_and_noise() {
     let fences = layout(60);

@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""Checks the layering of the service crate (docs/architecture.md), run by .ci/run.
+
+1. No import cycle between the top-level modules of src/ (a module's uses of `crate::other`,
+   anywhere in its files, are its edges; a module's own submodules are one node).
+2. Nothing below `http` depends on `http`, `service` or `state` (only `service`, `state`, `http`
+   and the binary sit on top).
+3. The pure core crate depends on no async runtime, HTTP, store, metrics or telemetry crate
+   (checked on `cargo metadata`, so the whole dependency tree counts, not only direct
+   dependencies), and the service library does not use the simulator.
+
+4. No production source file is over 600 lines (tests in their own files or a trailing
+   `#[cfg(test)]` module do not count) unless its opening `//!` says why (a line starting with
+   `//! Why this file is long:`).
+
+Prints the module graph and exits 1 on any violation.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SRC = os.path.join(ROOT, "src")
+TOP = {"http", "service", "state"}
+FORBIDDEN_IN_CORE = {
+    "tokio", "axum", "hyper", "reqwest", "redb", "metrics", "metrics-exporter-prometheus",
+    "tracing", "tower", "async-nats", "rumqttc", "mio",
+}
+
+
+def modules():
+    mods = {}
+    for name in sorted(os.listdir(SRC)):
+        path = os.path.join(SRC, name)
+        if name in ("lib.rs", "main.rs"):
+            continue
+        if name.endswith(".rs"):
+            mods[name[:-3]] = [path]
+        elif os.path.isdir(path):
+            files = []
+            for d, _, fs in os.walk(path):
+                files += [os.path.join(d, f) for f in fs if f.endswith(".rs")]
+            mods[name] = files
+    return mods
+
+
+def edges(mods):
+    pat = re.compile(r"\bcrate::([a-z_][a-z0-9_]*)")
+    graph = {m: set() for m in mods}
+    for m, files in mods.items():
+        for f in files:
+            text = open(f, encoding="utf-8").read()
+            # Doc comments and ordinary comments name modules without depending on them.
+            code = "\n".join(
+                line for line in text.splitlines() if not line.lstrip().startswith("//")
+            )
+            for dep in pat.findall(code):
+                if dep in mods and dep != m:
+                    graph[m].add(dep)
+    return graph
+
+
+def cycles(graph):
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def main():
+    problems = []
+    mods = modules()
+    graph = edges(mods)
+    for m in sorted(graph):
+        print(f"{m:10} -> {', '.join(sorted(graph[m])) or '(nothing in this crate)'}")
+    for c in cycles(graph):
+        problems.append("import cycle between modules: " + " <-> ".join(c))
+    for m, deps in graph.items():
+        if m in TOP:
+            continue
+        for d in deps & TOP:
+            problems.append(f"{m} depends on {d}, which sits above it")
+    meta = json.loads(
+        subprocess.run(
+            ["cargo", "metadata", "--format-version", "1", "--locked"],
+            cwd=ROOT, check=True, capture_output=True, text=True,
+        ).stdout
+    )
+    pkgs = {p["id"]: p for p in meta["packages"]}
+    nodes = {n["id"]: n for n in meta["resolve"]["nodes"]}
+    core = next(p["id"] for p in meta["packages"] if p["name"] == "geodwell-core")
+    seen, todo = set(), [core]
+    while todo:
+        n = todo.pop()
+        for d in nodes[n]["deps"]:
+            # Only normal dependencies count: dev-dependencies never reach a build of the core.
+            if not any(k["kind"] is None for k in d["dep_kinds"]):
+                continue
+            if d["pkg"] not in seen:
+                seen.add(d["pkg"])
+                todo.append(d["pkg"])
+    bad = sorted({pkgs[p]["name"] for p in seen} & FORBIDDEN_IN_CORE)
+    if bad:
+        problems.append("geodwell-core depends on " + ", ".join(bad))
+    for files in mods.values():
+        for f in files:
+            if "geodwell_sim" in open(f, encoding="utf-8").read():
+                problems.append(f"{os.path.relpath(f, ROOT)} uses the simulator (only main.rs may)")
+    for d, _, fs in os.walk(ROOT):
+        rel = os.path.relpath(d, ROOT)
+        if rel.startswith(("target", ".git")) or not (rel.startswith("src") or "/src" in rel):
+            continue
+        for f in fs:
+            path = os.path.join(d, f)
+            if not f.endswith(".rs") or f == "tests.rs" or "/tests" in rel:
+                continue
+            lines = open(path, encoding="utf-8").read().splitlines()
+            prod = next((i for i, l in enumerate(lines) if l.startswith("#[cfg(test)]")), len(lines))
+            reason = any(l.startswith("//! Why this file is long:") for l in lines[:40])
+            if prod > 600 and not reason:
+                problems.append(f"{os.path.relpath(path, ROOT)}: {prod} production lines (over 600, no reason at its top)")
+    lib = open(os.path.join(SRC, "lib.rs"), encoding="utf-8").read()
+    if "geodwell_sim" in lib:
+        problems.append("src/lib.rs uses the simulator")
+    print(f"geodwell-core: {len(seen)} crates in its dependency tree, none of: "
+          + ", ".join(sorted(FORBIDDEN_IN_CORE)))
+    if problems:
+        print("\nLAYERING PROBLEMS:")
+        for p in problems:
+            print("  - " + p)
+        return 1
+    print("layers ok: no cycle, nothing below http depends on it, the core is pure")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
