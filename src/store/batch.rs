@@ -33,19 +33,3 @@ pub struct Batch {
     /// Delivery cursors to write: (sink name, next seq to deliver).
     pub cursors: Vec<(String, u64)>,
 }
-
-impl Batch {
-    /// Whether committing this batch would change nothing.
-    pub fn is_empty(&self) -> bool {
-        self.devices_put.is_empty()
-            && self.devices_del.is_empty()
-            && self.fences_put.is_empty()
-            && self.fences_del.is_empty()
-            && self.events.is_empty()
-            && self.trim_events_below.is_none()
-            && self.watermark.is_none()
-            && self.max_seen.is_none()
-            && self.next_seq.is_none()
-            && self.cursors.is_empty()
-    }
-}

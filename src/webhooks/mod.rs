@@ -336,7 +336,7 @@ impl Webhooks {
                 self.update_hold();
                 return Err(e);
             }
-            s.flushed(&sink::Pending {
+            s.flushed(&sink::Unflushed {
                 cursor: Some(cursor),
                 ..Default::default()
             });
@@ -416,7 +416,7 @@ impl Webhooks {
         let mut batch = WebhookBatch::default();
         let mut taken = Vec::new();
         for s in sinks {
-            let p = s.take_pending();
+            let p = s.take_unflushed();
             if p.is_empty() {
                 continue;
             }
@@ -449,7 +449,7 @@ impl Webhooks {
             Err(e) => {
                 tracing::warn!(error = %e, "cannot persist webhook cursors; keeping them for the next try");
                 for (s, p) in taken {
-                    s.restore_pending(p);
+                    s.restore_unflushed(p);
                 }
                 false
             }

@@ -119,14 +119,14 @@ pub struct SinkStatus {
 
 /// Changes the store has not seen yet.
 #[derive(Debug, Default)]
-pub(crate) struct Pending {
+pub(crate) struct Unflushed {
     /// The cursor to write, if it moved.
     pub(crate) cursor: Option<u64>,
     /// Dead letters by seq: `Some` = put, `None` = delete (the latest change wins).
     pub(crate) dead: BTreeMap<u64, Option<DeadLetter>>,
 }
 
-impl Pending {
+impl Unflushed {
     pub(crate) fn is_empty(&self) -> bool {
         self.cursor.is_none() && self.dead.is_empty()
     }
@@ -293,16 +293,16 @@ impl Sink {
     }
 
     /// Takes the changes the store has not seen.
-    pub(crate) fn take_pending(&self) -> Pending {
+    pub(crate) fn take_unflushed(&self) -> Unflushed {
         let mut st = self.lock();
-        Pending {
+        Unflushed {
             cursor: (st.persisted != Some(st.cursor)).then_some(st.cursor),
             dead: std::mem::take(&mut st.dead_ops),
         }
     }
 
     /// The store now holds `p`.
-    pub(crate) fn flushed(&self, p: &Pending) {
+    pub(crate) fn flushed(&self, p: &Unflushed) {
         if let Some(c) = p.cursor {
             self.lock().persisted = Some(c);
         }
@@ -310,7 +310,7 @@ impl Sink {
 
     /// Committing `p` failed: keep its dead-letter changes for the next flush (behind any newer
     /// change of the same seq). The cursor needs nothing: it is still unpersisted.
-    pub(crate) fn restore_pending(&self, p: Pending) {
+    pub(crate) fn restore_unflushed(&self, p: Unflushed) {
         let mut st = self.lock();
         for (seq, op) in p.dead {
             st.dead_ops.entry(seq).or_insert(op);
