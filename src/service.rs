@@ -132,8 +132,12 @@ impl Service {
             publisher,
             shards.clone(),
         );
-        if seed {
-            registry.persist_all().await.map_err(ServiceError::Seed)?;
+        if seed && let Err(e) = registry.persist_all().await {
+            // Nothing is served: stop what has started before reporting the error.
+            trigger.cancel();
+            shard_stop.cancel();
+            publisher_stop.cancel();
+            return Err(ServiceError::Seed(e));
         }
         if store.is_some() {
             tracing::info!(
