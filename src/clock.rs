@@ -18,8 +18,9 @@ use std::fmt;
 
 use tokio::sync::watch;
 
-/// How the watermark moves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How the watermark moves (`/readyz` shows it as `live` or `event`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
 pub enum ClockMode {
     /// `W = wall clock - lateness`.
     Live,

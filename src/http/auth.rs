@@ -8,14 +8,15 @@
 
 use std::sync::Arc;
 
+use axum::Json;
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{HeaderValue, Method, Uri, header};
+use axum::http::{HeaderValue, Method, StatusCode, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 
 use crate::auth::{AuthError, Scope};
-use crate::http::error::ApiError;
+use crate::http::error::ErrorBody;
 use crate::state::AppState;
 use crate::telemetry as t;
 
@@ -153,21 +154,44 @@ pub async fn require(State(st): State<Arc<AppState>>, mut req: Request, next: Ne
     next.run(req).await
 }
 
+/// The answers of the authentication layer, which every operation but the open ones can give;
+/// each operation's `responses` names this type, and [`refusal`] builds it.
+#[derive(Debug, utoipa::IntoResponses)]
+pub enum Refused {
+    /// 401, with `WWW-Authenticate`.
+    #[response(status = 401, description = "No valid API key")]
+    Unauthorized(ErrorBody),
+    /// 403.
+    #[response(status = 403, description = "The key lacks the scope")]
+    Forbidden(ErrorBody),
+}
+
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        match self {
+            Refused::Unauthorized(body) => (
+                StatusCode::UNAUTHORIZED,
+                [(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer realm=\"geodwell\""),
+                )],
+                Json(body),
+            )
+                .into_response(),
+            Refused::Forbidden(body) => (StatusCode::FORBIDDEN, Json(body)).into_response(),
+        }
+    }
+}
+
 /// 401 (with `WWW-Authenticate`) or 403, as error JSON.
 pub fn refusal(e: AuthError) -> Response {
-    let (err, challenge) = match &e {
-        AuthError::Missing => (ApiError::unauthorized("unauthorized", e.to_string()), true),
-        AuthError::Invalid => (ApiError::unauthorized("invalid_key", e.to_string()), true),
-        AuthError::Forbidden { .. } => (ApiError::forbidden("forbidden", e.to_string()), false),
-    };
-    let mut resp = err.into_response();
-    if challenge {
-        resp.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            HeaderValue::from_static("Bearer realm=\"geodwell\""),
-        );
+    let message = e.to_string();
+    match e {
+        AuthError::Missing => Refused::Unauthorized(ErrorBody::new("unauthorized", message)),
+        AuthError::Invalid => Refused::Unauthorized(ErrorBody::new("invalid_key", message)),
+        AuthError::Forbidden { .. } => Refused::Forbidden(ErrorBody::new("forbidden", message)),
     }
-    resp
+    .into_response()
 }
 
 #[cfg(test)]

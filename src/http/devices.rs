@@ -8,29 +8,153 @@ use axum::Json;
 use axum::extract::rejection::PathRejection;
 use std::collections::HashMap;
 
-use crate::http::error::ApiError;
+use crate::http::auth::Refused;
+use crate::http::error::{ApiError, ErrorBody};
 use crate::http::events::{check_known, parse_u64};
 use crate::shard::DeviceCursor;
 use crate::state::AppState;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
-use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use geodwell_core::engine::DeviceSummary;
+use geodwell_core::pairs::PairView;
+use geodwell_core::time::Ts;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+// The answers' fields are in alphabetical order, the order they have always had (they used to
+// be built as `serde_json` maps, which sort their keys).
+
+/// `GET /v1/devices/{id}` answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeviceOut {
+    /// Fixes waiting for the watermark.
+    pub buffered: u64,
+    /// Device id.
+    #[schema(value_type = String)]
+    pub device: Arc<str>,
+    /// Latest applied fix time.
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub last_fix_at: Option<Ts>,
+    /// Latest applied position.
+    pub last_position: Option<Position>,
+    /// Pairs by fence.
+    pub pairs: Vec<PairOut>,
+}
+
+/// A position.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Position {
+    /// Latitude.
+    pub lat: f64,
+    /// Longitude.
+    pub lon: f64,
+}
+
+/// A pair's state in a device view.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PairOut {
+    /// Thresholds emitted in this visit.
+    pub dwell_fired: Vec<String>,
+    /// Thresholds whose deadline passed while the device was STALE.
+    pub dwell_waiting_stale: Vec<String>,
+    /// Visit start (or pending run start).
+    #[schema(value_type = String, format = DateTime)]
+    pub entered_at: Ts,
+    /// Fence id.
+    #[schema(value_type = String)]
+    pub fence: Arc<str>,
+    /// Next internal event time.
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub next_due: Option<Ts>,
+    /// `inside`, `entering` (pending ENTER run) or `exiting` (pending EXIT run).
+    pub state: PairState,
+    /// Length of the pending run.
+    pub votes: u32,
+}
+
+/// Where a pair stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PairState {
+    /// Inside, no EXIT run pending.
+    Inside,
+    /// Outside, an ENTER run pending.
+    Entering,
+    /// Inside, an EXIT run pending.
+    Exiting,
+}
+
+impl PairOut {
+    fn new(fence: Arc<str>, p: PairView) -> PairOut {
+        PairOut {
+            dwell_fired: p.fired.iter().map(|d| d.to_human()).collect(),
+            dwell_waiting_stale: p.waiting_stale.iter().map(|d| d.to_human()).collect(),
+            entered_at: p.entered_at,
+            fence,
+            next_due: p.next_due,
+            state: match (p.inside, p.votes) {
+                (true, 0) => PairState::Inside,
+                (true, _) => PairState::Exiting,
+                (false, _) => PairState::Entering,
+            },
+            votes: u32::from(p.votes),
+        }
+    }
+}
+
+/// A device in `GET /v1/devices`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeviceSummaryOut {
+    /// Device id.
+    #[schema(value_type = String)]
+    pub device: Arc<str>,
+    /// Fences the device is inside.
+    #[schema(value_type = Vec<String>)]
+    pub inside: Vec<Arc<str>>,
+    /// Latest applied fix time.
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub last_fix_at: Option<Ts>,
+    /// Latest applied latitude.
+    pub lat: Option<f64>,
+    /// Latest applied longitude.
+    pub lon: Option<f64>,
+}
+
+impl From<DeviceSummary> for DeviceSummaryOut {
+    fn from(d: DeviceSummary) -> DeviceSummaryOut {
+        DeviceSummaryOut {
+            device: d.id,
+            inside: d.inside,
+            last_fix_at: d.last_fix_at,
+            lat: d.last_position.map(|p| p.0),
+            lon: d.last_position.map(|p| p.1),
+        }
+    }
+}
+
+/// `GET /v1/devices` answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DevicePage {
+    /// Devices.
+    pub devices: Vec<DeviceSummaryOut>,
+    /// Pass as `after` for the next page; null at the end.
+    pub next_after: Option<String>,
+}
 
 /// `GET /v1/devices/{id}`.
 #[utoipa::path(get, path = "/v1/devices/{id}", tag = "devices",
     description = "A device's last fix and its pairs' states. Scope: read.",
     params(("id" = String, Path, description = "Device id")),
     responses(
-        (status = 200, description = "The device", body = crate::http::openapi::DeviceOut),
-        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), crate::http::openapi::Refused,
-        (status = 404, description = "No such device", body = crate::http::openapi::ErrorBody),
-        (status = 503, description = "Overloaded, store unavailable or shutting down (Retry-After)", body = crate::http::openapi::ErrorBody),
+        (status = 200, description = "The device", body = DeviceOut),
+        (status = 400, description = "Bad request", body = ErrorBody), Refused,
+        (status = 404, description = "No such device", body = ErrorBody),
+        (status = 503, description = "Overloaded, store unavailable or shutting down (Retry-After)", body = ErrorBody),
     ))]
 pub async fn get_device(
     State(st): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
-) -> Result<Response, ApiError> {
+) -> Result<Json<DeviceOut>, ApiError> {
     let Path(id) = path?;
     let view = st
         .shards()
@@ -40,34 +164,17 @@ pub async fn get_device(
         .ok_or_else(|| {
             ApiError::not_found("device_not_found", format!("no device with id {id:?}"))
         })?;
-    let pairs: Vec<_> = view
-        .pairs
-        .iter()
-        .map(|(fence, p)| {
-            let state = match (p.inside, p.votes) {
-                (true, 0) => "inside",
-                (true, _) => "exiting",
-                (false, _) => "entering",
-            };
-            json!({
-                "fence": fence,
-                "state": state,
-                "entered_at": p.entered_at,
-                "votes": p.votes,
-                "dwell_fired": p.fired.iter().map(|d| d.to_human()).collect::<Vec<_>>(),
-                "dwell_waiting_stale": p.waiting_stale.iter().map(|d| d.to_human()).collect::<Vec<_>>(),
-                "next_due": p.next_due,
-            })
-        })
-        .collect();
-    Ok(Json(json!({
-        "device": view.id,
-        "last_fix_at": view.last_fix_at,
-        "last_position": view.last_position.map(|(lat, lon)| json!({"lat": lat, "lon": lon})),
-        "buffered": view.buffered,
-        "pairs": pairs,
+    Ok(Json(DeviceOut {
+        buffered: view.buffered as u64,
+        device: view.id,
+        last_fix_at: view.last_fix_at,
+        last_position: view.last_position.map(|(lat, lon)| Position { lat, lon }),
+        pairs: view
+            .pairs
+            .into_iter()
+            .map(|(fence, p)| PairOut::new(fence, p))
+            .collect(),
     }))
-    .into_response())
 }
 
 /// Largest page `GET /v1/devices` answers.
@@ -80,16 +187,16 @@ pub const MAX_DEVICE_PAGE: usize = 10_000;
     description = "Every device's position and the fences it is inside, paged. Scope: read.",
     params(
         ("limit" = Option<u64>, Query, minimum = 1, maximum = 10000, description = "Page length (default 1000)"),
-        ("after" = Option<String>, Query, description = "`next_after` of the previous page"),
+        ("after" = Option<String>, Query, pattern = r"^[0-9]{1,9}\.[0-9]{1,18}$", description = "`next_after` of the previous page"),
     ),
     responses(
-        (status = 200, description = "A page of devices", body = crate::http::openapi::DevicePage),
-        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), crate::http::openapi::Refused, (status = 503, description = "Overloaded, store unavailable or shutting down (Retry-After)", body = crate::http::openapi::ErrorBody),
+        (status = 200, description = "A page of devices", body = DevicePage),
+        (status = 400, description = "Bad request", body = ErrorBody), Refused, (status = 503, description = "Overloaded, store unavailable or shutting down (Retry-After)", body = ErrorBody),
     ))]
 pub async fn list_devices(
     State(st): State<Arc<AppState>>,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
-) -> Result<Response, ApiError> {
+) -> Result<Json<DevicePage>, ApiError> {
     let Query(q) = query?;
     check_known(&q, &["limit", "after"])?;
     let limit = parse_u64(&q, "limit")?.unwrap_or(1000);
@@ -111,18 +218,8 @@ pub async fn list_devices(
         .device_page(after, limit)
         .await
         .map_err(|_| ApiError::shutting_down())?;
-    let devices: Vec<serde_json::Value> = page
-        .into_iter()
-        .map(|d| {
-            json!({
-                "device": d.id,
-                "last_fix_at": d.last_fix_at,
-                "lat": d.last_position.map(|p| p.0),
-                "lon": d.last_position.map(|p| p.1),
-                "inside": d.inside,
-            })
-        })
-        .collect();
-    let next_after = next.map(|c| c.to_string());
-    Ok(Json(json!({ "devices": devices, "next_after": next_after })).into_response())
+    Ok(Json(DevicePage {
+        devices: page.into_iter().map(DeviceSummaryOut::from).collect(),
+        next_after: next.map(|c| c.to_string()),
+    }))
 }

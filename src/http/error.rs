@@ -1,11 +1,91 @@
-//! `ApiError`: the one way HTTP handlers fail. Every error body is
-//! `{"error": {"code": ..., "message": ..., "details"?: ...}}` with the matching status, and
-//! overload answers carry `Retry-After`.
+//! `ApiError`: the one way HTTP handlers fail. Every error body is an [`ErrorBody`],
+//! `{"error": {"code": ..., "details"?: ..., "message": ...}}`, with the matching status, and
+//! overload answers carry `Retry-After`. [`ErrorBody`] is both what is serialized and what the
+//! OpenAPI document says an error is.
 
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::ingest::IngestReport;
+
+/// Every error answer.
+// Also the error frames of `GET /v1/ingest/ws`.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct ErrorBody {
+    /// The error.
+    pub error: ErrorDetail,
+}
+
+/// An error's code and message.
+// Fields in alphabetical order, the order error bodies have always had (they used to be built as
+// `serde_json` maps, which sort their keys).
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Machine-readable code, e.g. `bad_query`, `fence_not_found`, `overloaded`.
+    pub code: &'static str,
+    /// Structured detail (per-item or per-field errors), when there is any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub details: Option<ErrorDetails>,
+    /// What went wrong, for people.
+    pub message: String,
+}
+
+impl ErrorBody {
+    /// An error body without details.
+    pub fn new(code: &'static str, message: impl Into<String>) -> ErrorBody {
+        ErrorBody {
+            error: ErrorDetail {
+                code,
+                details: None,
+                message: message.into(),
+            },
+        }
+    }
+}
+
+/// The structured detail of an error.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum ErrorDetails {
+    /// `no_valid_fixes` (`POST /v1/fixes`) and the item errors of the tracker endpoints: the
+    /// whole ingest report.
+    #[serde(serialize_with = "sorted_keys")]
+    Report(IngestReport),
+    /// `invalid_fence`: one entry per problem, in document order.
+    Fence(Vec<FenceProblem>),
+    /// `invalid_webhook`: one entry per invalid field.
+    Fields(Vec<FieldProblem>),
+}
+
+/// The report inside an error has always been written with its keys sorted (it went through a
+/// `serde_json::Value`), unlike the report of a 200 answer; kept so, byte for byte.
+fn sorted_keys<S: serde::Serializer>(report: &IngestReport, s: S) -> Result<S::Ok, S::Error> {
+    serde_json::to_value(report)
+        .map_err(serde::ser::Error::custom)?
+        .serialize(s)
+}
+
+/// One problem with a fence (`invalid_fence`).
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct FenceProblem {
+    /// What is wrong.
+    pub message: String,
+    /// Where, e.g. `features[1].properties.dwell` (empty: the whole body).
+    pub path: String,
+}
+
+/// One invalid field of a webhook definition (`invalid_webhook`).
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct FieldProblem {
+    /// The field.
+    pub field: String,
+    /// What is wrong with it.
+    pub message: String,
+}
 
 /// An HTTP error answer.
 #[derive(Debug, Clone, PartialEq)]
@@ -17,7 +97,7 @@ pub struct ApiError {
     /// Human-readable message.
     pub message: String,
     /// Extra structured detail (per-item errors, field errors).
-    pub details: Option<Value>,
+    pub details: Option<ErrorDetails>,
     /// Seconds for `Retry-After`, for 429 / 503.
     pub retry_after: Option<u32>,
 }
@@ -88,7 +168,7 @@ impl ApiError {
     }
 
     /// Attaches structured details.
-    pub fn with_details(mut self, details: Value) -> ApiError {
+    pub fn with_details(mut self, details: ErrorDetails) -> ApiError {
         self.details = Some(details);
         self
     }
@@ -96,11 +176,14 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut err = json!({"code": self.code, "message": self.message});
-        if let Some(d) = self.details {
-            err["details"] = d;
-        }
-        let mut resp = (self.status, Json(json!({ "error": err }))).into_response();
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code,
+                details: self.details,
+                message: self.message,
+            },
+        };
+        let mut resp = (self.status, Json(body)).into_response();
         if let Some(s) = self.retry_after
             && let Ok(v) = HeaderValue::from_str(&s.to_string())
         {
@@ -151,6 +234,58 @@ impl From<crate::ingest::BatchError> for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    async fn body_text(e: ApiError) -> String {
+        let body = e.into_response().into_body();
+        let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn error_bodies_keep_their_bytes() {
+        let plain = ApiError::not_found("no_route", "no such endpoint");
+        assert_eq!(
+            body_text(plain).await,
+            r#"{"error":{"code":"no_route","message":"no such endpoint"}}"#
+        );
+        let fence = ApiError::unprocessable("invalid_fence", "1 fence error").with_details(
+            ErrorDetails::Fence(vec![FenceProblem {
+                message: "bad".into(),
+                path: "id".into(),
+            }]),
+        );
+        assert_eq!(
+            body_text(fence).await,
+            r#"{"error":{"code":"invalid_fence","details":[{"message":"bad","path":"id"}],"message":"1 fence error"}}"#
+        );
+        let fields = ApiError::unprocessable("invalid_webhook", "url: bad").with_details(
+            ErrorDetails::Fields(vec![FieldProblem {
+                field: "url".into(),
+                message: "bad".into(),
+            }]),
+        );
+        assert_eq!(
+            body_text(fields).await,
+            r#"{"error":{"code":"invalid_webhook","details":[{"field":"url","message":"bad"}],"message":"url: bad"}}"#
+        );
+        // The report inside an error lists its keys sorted, as it always has (the 200 answer
+        // lists them in declaration order).
+        let report = IngestReport {
+            rejected: 1,
+            errors: vec![crate::ingest::RejectedItem {
+                index: 0,
+                code: crate::wire::ItemCode::MissingField,
+                message: "lat is required".into(),
+            }],
+            ..IngestReport::default()
+        };
+        let e = ApiError::unprocessable("no_valid_fixes", "all 1 fixes were rejected")
+            .with_details(ErrorDetails::Report(report));
+        assert_eq!(
+            body_text(e).await,
+            r#"{"error":{"code":"no_valid_fixes","details":{"accepted":0,"duplicate":0,"errors":[{"code":"missing_field","index":0,"message":"lat is required"}],"late":0,"rejected":1},"message":"all 1 fixes were rejected"}}"#
+        );
+    }
 
     #[test]
     fn an_overloaded_batch_is_a_503_with_retry_after() {

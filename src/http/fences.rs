@@ -9,23 +9,80 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
+use serde::Serialize;
+use utoipa::openapi::{RefOr, schema::Schema};
+use utoipa::{PartialSchema, ToSchema};
 
 use crate::fences::FenceWriteError;
-use crate::http::error::ApiError;
+use crate::http::auth::Refused;
+use crate::http::error::{ApiError, ErrorBody, ErrorDetails, FenceProblem};
 use crate::http::fixes::body_or_error;
+use crate::http::openapi::{FenceBody, FenceCollection, FenceFeature};
 use crate::ingest::BatchError;
 use crate::state::AppState;
 use geodwell_core::fences::{FenceError, FenceErrorKind, FenceErrors};
 
+/// A fence as answered: a GeoJSON Feature. The `geojson` crate's types have no OpenAPI schema,
+/// so this one borrows [`FenceFeature`]'s (name included: the document calls it `FenceFeature`).
+#[derive(Debug, Serialize)]
+#[serde(transparent)]
+pub struct FenceOut(pub geojson::Feature);
+
+/// The fences as answered: a GeoJSON FeatureCollection, documented as [`FenceCollection`] (like
+/// [`FenceOut`]).
+#[derive(Debug, Serialize)]
+#[serde(transparent)]
+pub struct FenceCollectionOut(pub geojson::FeatureCollection);
+
+/// Gives a served wrapper the schema and the name of the type that describes it, so that the
+/// document names one schema for both.
+macro_rules! schema_of {
+    ($served:ty => $described:ty) => {
+        impl PartialSchema for $served {
+            fn schema() -> RefOr<Schema> {
+                <$described as PartialSchema>::schema()
+            }
+        }
+
+        impl ToSchema for $served {
+            fn name() -> std::borrow::Cow<'static, str> {
+                <$described as ToSchema>::name()
+            }
+
+            fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+                <$described as ToSchema>::schemas(schemas)
+            }
+        }
+    };
+}
+
+schema_of!(FenceOut => FenceFeature);
+schema_of!(FenceCollectionOut => FenceCollection);
+
+/// `POST /v1/fences` answer.
+// Fields in alphabetical order, the order it has always had (it used to be built as a
+// `serde_json` map, which sorts its keys).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct FencesWritten {
+    /// Fences that did not exist before.
+    pub created: u64,
+    /// The ids written, in request order.
+    pub ids: Vec<String>,
+    /// Fences replaced.
+    pub replaced: u64,
+}
+
 fn invalid(errs: FenceErrors) -> ApiError {
-    let details: Vec<Value> = errs
+    let details = errs
         .errors()
         .iter()
-        .map(|e| json!({"path": e.path, "message": e.kind.to_string()}))
+        .map(|e| FenceProblem {
+            message: e.kind.to_string(),
+            path: e.path.clone(),
+        })
         .collect();
-    ApiError::unprocessable("invalid_fence", errs.to_string()).with_details(json!(details))
+    ApiError::unprocessable("invalid_fence", errs.to_string())
+        .with_details(ErrorDetails::Fence(details))
 }
 
 /// Body text -> GeoJSON: not JSON at all is 400 `malformed_json` (as for fixes); JSON that is not
@@ -61,20 +118,20 @@ impl From<FenceWriteError> for ApiError {
 #[utoipa::path(put, path = "/v1/fences/{id}", tag = "fences",
     description = "Creates or replaces one fence from a GeoJSON Feature. Scope: admin.",
     params(("id" = String, Path, description = "Fence id")),
-    request_body(content((crate::http::openapi::FenceFeature = "application/json"))),
+    request_body(content((FenceFeature = "application/json"))),
     responses(
-        (status = 200, description = "Replaced; the normalized fence", body = crate::http::openapi::FenceFeature),
-        (status = 201, description = "Created; the normalized fence", body = crate::http::openapi::FenceFeature),
-        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), crate::http::openapi::Refused,
-        (status = 413, description = "Body too large", body = crate::http::openapi::ErrorBody),
-        (status = 422, description = "Not a valid fence", body = crate::http::openapi::ErrorBody),
-        (status = 503, description = "Overloaded, store unavailable or shutting down (Retry-After)", body = crate::http::openapi::ErrorBody),
+        (status = 200, description = "Replaced; the normalized fence", body = FenceOut),
+        (status = 201, description = "Created; the normalized fence", body = FenceOut),
+        (status = 400, description = "Bad request", body = ErrorBody), Refused,
+        (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 422, description = "Not a valid fence", body = ErrorBody),
+        (status = 503, description = "Overloaded, store unavailable or shutting down (Retry-After)", body = ErrorBody),
     ))]
 pub async fn put_fence(
     State(st): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
+) -> Result<(StatusCode, Json<FenceOut>), ApiError> {
     let Path(id) = path?;
     let body = body_or_error(body, st.config().max_body_bytes)?;
     let text =
@@ -89,31 +146,31 @@ pub async fn put_fence(
         }
     };
     let fence = st.fences().validate_feature(&feature, &id)?;
-    let body = fence.to_feature();
+    let body = FenceOut(fence.to_feature());
     let created = st.fences().put(vec![fence]).await?.created == 1;
     let status = if created {
         StatusCode::CREATED
     } else {
         StatusCode::OK
     };
-    Ok((status, Json(body)).into_response())
+    Ok((status, Json(body)))
 }
 
 /// `POST /v1/fences`: a Feature or FeatureCollection; nothing is applied if any is invalid.
 #[utoipa::path(post, path = "/v1/fences", tag = "fences",
     description = "Creates or replaces fences from a Feature or FeatureCollection; nothing is applied if any is invalid. Scope: admin.",
-    request_body(content((crate::http::openapi::FenceBody = "application/json"))),
+    request_body(content((FenceBody = "application/json"))),
     responses(
-        (status = 201, description = "Written", body = crate::http::openapi::FencesWritten),
-        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), crate::http::openapi::Refused,
-        (status = 413, description = "Body too large", body = crate::http::openapi::ErrorBody),
-        (status = 422, description = "Not valid fences, or too many", body = crate::http::openapi::ErrorBody),
-        (status = 503, description = "Overloaded, store unavailable or shutting down (Retry-After)", body = crate::http::openapi::ErrorBody),
+        (status = 201, description = "Written", body = FencesWritten),
+        (status = 400, description = "Bad request", body = ErrorBody), Refused,
+        (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 422, description = "Not valid fences, or too many", body = ErrorBody),
+        (status = 503, description = "Overloaded, store unavailable or shutting down (Retry-After)", body = ErrorBody),
     ))]
 pub async fn post_fences(
     State(st): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
+) -> Result<(StatusCode, Json<FencesWritten>), ApiError> {
     let body = body_or_error(body, st.config().max_body_bytes)?;
     let text =
         std::str::from_utf8(&body).map_err(|e| ApiError::bad_request("bad_body", e.to_string()))?;
@@ -122,9 +179,12 @@ pub async fn post_fences(
     let w = st.fences().put(fences).await?;
     Ok((
         StatusCode::CREATED,
-        Json(json!({"created": w.created, "replaced": w.replaced, "ids": ids})),
-    )
-        .into_response())
+        Json(FencesWritten {
+            created: w.created as u64,
+            ids,
+            replaced: w.replaced as u64,
+        }),
+    ))
 }
 
 /// `GET /v1/fences/{id}`.
@@ -132,37 +192,36 @@ pub async fn post_fences(
     description = "One fence, normalized. Scope: read.",
     params(("id" = String, Path, description = "Fence id")),
     responses(
-        (status = 200, description = "The fence", body = crate::http::openapi::FenceFeature),
-        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), crate::http::openapi::Refused,
-        (status = 404, description = "No such fence", body = crate::http::openapi::ErrorBody),
+        (status = 200, description = "The fence", body = FenceOut),
+        (status = 400, description = "Bad request", body = ErrorBody), Refused,
+        (status = 404, description = "No such fence", body = ErrorBody),
     ))]
 pub async fn get_fence(
     State(st): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
-) -> Result<Response, ApiError> {
+) -> Result<Json<FenceOut>, ApiError> {
     let Path(id) = path?;
     let f = st.fences().get(&id).ok_or_else(|| {
         ApiError::not_found("fence_not_found", format!("no fence with id {id:?}"))
     })?;
-    Ok(Json(f.to_feature()).into_response())
+    Ok(Json(FenceOut(f.to_feature())))
 }
 
 /// `GET /v1/fences`: all fences as a FeatureCollection, sorted by id.
 #[utoipa::path(get, path = "/v1/fences", tag = "fences",
     description = "Every fence, sorted by id. Scope: read.",
     responses(
-        (status = 200, description = "The fences", body = crate::http::openapi::FenceCollection),
-        crate::http::openapi::Refused,
+        (status = 200, description = "The fences", body = FenceCollectionOut),
+        Refused,
     ))]
-pub async fn list_fences(State(st): State<Arc<AppState>>) -> Response {
+pub async fn list_fences(State(st): State<Arc<AppState>>) -> Json<FenceCollectionOut> {
     let features: Vec<geojson::Feature> =
         st.fences().list().iter().map(|f| f.to_feature()).collect();
-    Json(geojson::FeatureCollection {
+    Json(FenceCollectionOut(geojson::FeatureCollection {
         bbox: None,
         features,
         foreign_members: None,
-    })
-    .into_response()
+    }))
 }
 
 /// `DELETE /v1/fences/{id}`: drops the fence, its pairs and their timers.
@@ -171,15 +230,15 @@ pub async fn list_fences(State(st): State<Arc<AppState>>) -> Response {
     params(("id" = String, Path, description = "Fence id")),
     responses(
         (status = 204, description = "Deleted"),
-        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), crate::http::openapi::Refused,
-        (status = 404, description = "No such fence", body = crate::http::openapi::ErrorBody),
-        (status = 503, description = "Overloaded, store unavailable or shutting down (Retry-After)", body = crate::http::openapi::ErrorBody),
+        (status = 400, description = "Bad request", body = ErrorBody), Refused,
+        (status = 404, description = "No such fence", body = ErrorBody),
+        (status = 503, description = "Overloaded, store unavailable or shutting down (Retry-After)", body = ErrorBody),
     ))]
 pub async fn delete_fence(
     State(st): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
-) -> Result<Response, ApiError> {
+) -> Result<StatusCode, ApiError> {
     let Path(id) = path?;
     st.fences().delete(&id).await?;
-    Ok(StatusCode::NO_CONTENT.into_response())
+    Ok(StatusCode::NO_CONTENT)
 }

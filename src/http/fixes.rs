@@ -7,10 +7,10 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use serde_json::Value;
 
-use crate::http::error::ApiError;
+use crate::http::auth::Refused;
+use crate::http::error::{ApiError, ErrorBody, ErrorDetails};
+use crate::http::openapi::FixBody;
 use crate::ingest::IngestReport;
 use crate::state::AppState;
 
@@ -62,15 +62,13 @@ pub fn items_of(headers: &HeaderMap, body: &[u8]) -> Result<Vec<Item>, ApiError>
 
 /// Applies a report's outcome to a status: 200 when anything was taken, 422 when every item was
 /// rejected.
-pub fn report_response(report: IngestReport) -> Response {
+pub fn report_response(report: IngestReport) -> Result<Json<IngestReport>, ApiError> {
     if report.rejected > 0 && report.accepted + report.late + report.duplicate == 0 {
         let msg = format!("all {} fixes were rejected", report.rejected);
-        let details = serde_json::to_value(&report).unwrap_or(Value::Null);
-        return ApiError::unprocessable("no_valid_fixes", msg)
-            .with_details(details)
-            .into_response();
+        return Err(ApiError::unprocessable("no_valid_fixes", msg)
+            .with_details(ErrorDetails::Report(report)));
     }
-    (StatusCode::OK, Json(report)).into_response()
+    Ok(Json(report))
 }
 
 /// Checks batch size bounds.
@@ -94,25 +92,25 @@ pub fn check_batch(n: usize, max: usize) -> Result<(), ApiError> {
 #[utoipa::path(post, path = "/v1/fixes", tag = "ingest",
     description = "One fix, a JSON array, or NDJSON (`application/x-ndjson`). A batch with some bad items still applies the good ones; 422 only when every item is rejected. Scope: ingest.",
     request_body(content(
-        (crate::http::openapi::FixBody = "application/json"),
+        (FixBody = "application/json"),
         (String = "application/x-ndjson"),
     )),
     responses(
         (status = 200, description = "Counts of accepted, late, duplicate and rejected fixes", body = crate::ingest::IngestReport),
-        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), crate::http::openapi::Refused,
-        (status = 413, description = "Body or batch too large", body = crate::http::openapi::ErrorBody),
-        (status = 422, description = "Every item was rejected", body = crate::http::openapi::ErrorBody),
-        (status = 503, description = "Overloaded, store unavailable or shutting down (Retry-After)", body = crate::http::openapi::ErrorBody),
+        (status = 400, description = "Bad request", body = ErrorBody), Refused,
+        (status = 413, description = "Body or batch too large", body = ErrorBody),
+        (status = 422, description = "Every item was rejected", body = ErrorBody),
+        (status = 503, description = "Overloaded, store unavailable or shutting down (Retry-After)", body = ErrorBody),
     ))]
 pub async fn post_fixes(
     State(st): State<Arc<AppState>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
+) -> Result<Json<IngestReport>, ApiError> {
     let body = body_or_error(body, st.config().max_body_bytes)?;
     let items = items_of(&headers, &body)?;
     check_batch(items.len(), st.config().max_batch)?;
     let fixes = st.ingest().parse(items);
     let report = st.ingest().submit("http", fixes).await?;
-    Ok(report_response(report))
+    report_response(report)
 }

@@ -11,9 +11,9 @@ use axum::extract::State;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade, close_code};
 use axum::response::Response;
-use serde_json::json;
 
-use crate::http::error::ApiError;
+use crate::http::auth::Refused;
+use crate::http::error::{ApiError, ErrorBody};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesOrdered;
 
@@ -26,7 +26,7 @@ use crate::wire::{BatchShapeError, read_batch};
     description = "WebSocket ingest: fixes as JSON text frames (one fix or an array per frame); each frame is answered with its report. Scope: ingest.",
     responses(
         (status = 101, description = "Switching to WebSocket"),
-        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), crate::http::openapi::Refused,
+        (status = 400, description = "Bad request", body = ErrorBody), Refused,
     ))]
 pub async fn ingest_ws(
     State(st): State<Arc<AppState>>,
@@ -43,12 +43,10 @@ pub async fn ingest_ws(
         }))
 }
 
-fn error_frame(code: &str, message: &str) -> Message {
-    Message::Text(
-        json!({"error": {"code": code, "message": message}})
-            .to_string()
-            .into(),
-    )
+/// An error frame: the error body of the HTTP answers.
+fn error_frame(code: &'static str, message: &str) -> Message {
+    let body = ErrorBody::new(code, message);
+    Message::Text(serde_json::to_string(&body).unwrap_or_default().into())
 }
 
 fn close(code: u16, reason: &'static str) -> Message {

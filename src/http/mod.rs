@@ -1,5 +1,6 @@
-//! The HTTP and WebSocket interface (DESIGN section 6): `router(state)` builds it; one file per
-//! resource; every failure goes through [`error::ApiError`].
+//! The HTTP and WebSocket interface (`docs/api.md`; the OpenAPI document it serves at
+//! `/openapi.json`): `router(state)` builds it; one file per resource; every answer is a typed
+//! value its handler returns, and every failure goes through [`error::ApiError`].
 
 pub mod auth;
 pub mod devices;
@@ -34,8 +35,12 @@ use error::ApiError;
 /// Builds the router over shared state.
 pub fn router(state: Arc<AppState>) -> Router {
     let limit = state.config().max_body_bytes;
-    let (documented, api) = documented_routes().split_for_parts();
-    let api_json: Arc<str> = serde_json::to_string_pretty(&openapi::tune(&api, state.config()))
+    let (documented, mut api) = documented_routes().split_for_parts();
+    openapi::tune(&mut api, state.config());
+    // Through a `Value`, whose maps sort their keys: the text keeps one order whatever utoipa's
+    // own map types are.
+    let api_json: Arc<str> = serde_json::to_value(&api)
+        .and_then(|v| serde_json::to_string_pretty(&v))
         .unwrap_or_default()
         .into();
     documented

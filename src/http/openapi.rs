@@ -3,15 +3,27 @@
 //! Paths come from the `#[utoipa::path]` attributes on the handlers, and `http::router` registers
 //! every documented handler through `utoipa_axum`'s `routes!`, which takes the route's path and
 //! method from that same attribute: a route cannot be served under a path other than the
-//! documented one. The schemas below describe JSON that handlers build by hand (events, fence
-//! features, device views); `.ci/run` runs schemathesis against a live server, which checks every
-//! answer against them, and `tests/openapi.rs` checks the document's shape.
+//! documented one. Every answer's schema is the type its handler returns (`ErrorBody`,
+//! `DeviceOut`, `EventsPage`, ...), defined next to the handler, so the compiler keeps the two in
+//! step. This module holds the rest:
+//!
+//! - request bodies, which handlers read by hand (the fast fix reader of [`crate::wire`], the
+//!   fence validator, the webhook and tracker readers) to report every problem in their own
+//!   words: these types describe those bodies and are never built;
+//! - the schemas of served values whose types have none: events (`geodwell_core` has no OpenAPI
+//!   types) and GeoJSON fences (the `geojson` crate's);
+//! - [`tune`], which writes the running configuration's limits in.
+//!
+//! `.ci/run` runs schemathesis against a live server, which checks every answer against the
+//! document, and `tests/openapi.rs` checks the document's shape.
 
-use serde_json::{Value, json};
+use serde_json::Value;
+use utoipa::openapi::schema::Schema;
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::openapi::{Components, RefOr, Required};
+use utoipa::{Modify, OpenApi, ToSchema};
 
 use crate::config::Config;
-use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
-use utoipa::{Modify, OpenApi, ToSchema};
 
 /// The document's fixed parts; paths are added by the router.
 #[derive(OpenApi)]
@@ -19,8 +31,8 @@ use utoipa::{Modify, OpenApi, ToSchema};
     info(
         title = "geodwell",
         description = "Geofence dwell triggers: location fixes in; ENTER, EXIT and DWELL events out. \
-            Semantics: DESIGN.md sections 2-4. Authentication: bearer API keys with scopes ingest, \
-            read and admin (off when no keys are configured).",
+            Semantics: docs/semantics.md sections 2-4. Authentication: bearer API keys with scopes \
+            ingest, read and admin (off when no keys are configured).",
         license(name = "MIT OR Apache-2.0")
     ),
     modifiers(&BearerAuth),
@@ -48,43 +60,11 @@ impl Modify for BearerAuth {
     }
 }
 
-/// Every error answer.
-#[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
-pub struct ErrorBody {
-    /// The error.
-    pub error: ErrorDetail,
-}
-
-/// An error's code and message.
-#[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
-pub struct ErrorDetail {
-    /// Machine-readable code, e.g. `bad_query`, `fence_not_found`, `overloaded`.
-    pub code: String,
-    /// What went wrong, for people.
-    pub message: String,
-    /// Structured detail (per-item or per-field errors), when there is any.
-    #[schema(nullable = false)]
-    pub details: Option<Value>,
-}
-
-/// The answers of the authentication layer, which every operation but the open ones can give
-/// (`http::auth`); listed once here and named in each operation's `responses`.
-#[derive(utoipa::IntoResponses)]
-#[allow(dead_code)]
-pub enum Refused {
-    /// 401.
-    #[response(status = 401, description = "No valid API key")]
-    Unauthorized(ErrorBody),
-    /// 403.
-    #[response(status = 403, description = "The key lacks the scope")]
-    Forbidden(ErrorBody),
-}
+// ---------------------------------------------------------------------------------------------
+// Request bodies (read by hand, described here) and GeoJSON fences (requests and answers)
 
 /// One location fix.
 #[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
 pub struct FixIn {
     /// Device id (1 to `max_device_len` bytes).
     #[schema(
@@ -112,7 +92,6 @@ pub struct FixIn {
 
 /// A fix's time.
 #[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
 #[serde(untagged)]
 pub enum FixTs {
     /// RFC 3339.
@@ -123,19 +102,16 @@ pub enum FixTs {
 
 /// An RFC 3339 date-time.
 #[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
 #[schema(value_type = String, format = DateTime, pattern = r"^(19[7-9][0-9]|[2-9][0-9]{3})-")]
 pub struct Rfc3339(String);
 
 /// Unix milliseconds (non-negative integer).
 #[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
 #[schema(value_type = i64, minimum = 0, maximum = 253_402_300_799_999_i64)]
 pub struct UnixMillis(i64);
 
 /// `POST /v1/fixes` body (JSON): one fix or an array.
 #[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
 #[serde(untagged)]
 pub enum FixBody {
     /// One fix.
@@ -144,75 +120,13 @@ pub enum FixBody {
     Many(Vec<FixIn>),
 }
 
-/// An event (DESIGN section 4), as polled and as sent on subscriptions.
-#[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
-pub struct EventOut {
-    /// Position in the log (gap-free, monotonic per instance).
-    pub seq: u64,
-    /// Deterministic id: the same input gives the same id across restarts and replays.
-    pub id: String,
-    /// Kind.
-    #[serde(rename = "type")]
-    pub kind: EventKindOut,
-    /// Device id.
-    pub device: String,
-    /// Fence id.
-    pub fence: String,
-    /// Event time.
-    #[schema(format = DateTime)]
-    pub at: String,
-    /// Visit start.
-    #[schema(format = DateTime)]
-    pub entered_at: String,
-    /// The dwell threshold, seconds (DWELL only).
-    #[schema(nullable = false)]
-    pub dwell_s: Option<f64>,
-    /// The visit's length, seconds (EXIT only).
-    #[schema(nullable = false)]
-    pub duration_s: Option<f64>,
-    /// Wall-clock publication time.
-    #[schema(format = DateTime, nullable = false)]
-    pub emitted_at: Option<String>,
-    /// The fence's tags at emission.
-    pub tags: Value,
-}
-
-/// Event kinds.
-#[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
-#[serde(rename_all = "lowercase")]
-pub enum EventKindOut {
-    /// The device entered the fence.
-    Enter,
-    /// The device left.
-    Exit,
-    /// The device has been inside for a threshold.
-    Dwell,
-}
-
-/// `GET /v1/events` answer.
-#[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
-pub struct EventsPage {
-    /// Events with `seq >= from_seq`, oldest first.
-    pub events: Vec<EventOut>,
-    /// Pass as `from_seq` to continue.
-    pub next_seq: u64,
-    /// Oldest seq the log still holds.
-    pub first_seq: u64,
-    /// The seq the next event will get.
-    pub head_seq: u64,
-    /// Whether events between `from_seq` and `first_seq` were dropped by retention.
-    pub missed: bool,
-}
-
 /// A fence as GeoJSON: a Feature with a Polygon, MultiPolygon or (with `radius_m`) Point
 /// geometry. Properties: `dwell` (thresholds such as `"10m"`), `exit_buffer_m`, `enter_confirm`,
 /// `exit_confirm`, `confirm_within`, `stale_after`, `max_accuracy_m`, `radius_m`, `tags`, and
 /// free-form ones.
+// Schema only: fences are read and answered as the `geojson` crate's `Feature`, which has no
+// OpenAPI schema; `http::fences::FenceOut` is served, and documented as this.
 #[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
 pub struct FenceFeature {
     /// `"Feature"`.
     #[serde(rename = "type")]
@@ -229,7 +143,6 @@ pub struct FenceFeature {
 
 /// A GeoJSON geometry object.
 #[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
 pub struct Geometry {
     /// `Polygon`, `MultiPolygon` or `Point`.
     #[serde(rename = "type")]
@@ -240,7 +153,6 @@ pub struct Geometry {
 
 /// Geometry types a fence may have.
 #[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
 pub enum GeometryKind {
     /// Rings.
     Polygon,
@@ -251,8 +163,8 @@ pub enum GeometryKind {
 }
 
 /// A set of fences.
+// Schema only, like `FenceFeature`: `http::fences::FenceCollectionOut` is served as this.
 #[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
 pub struct FenceCollection {
     /// `"FeatureCollection"`.
     #[serde(rename = "type")]
@@ -264,7 +176,6 @@ pub struct FenceCollection {
 
 /// `POST /v1/fences` body: one Feature or a FeatureCollection.
 #[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
 #[serde(untagged)]
 pub enum FenceBody {
     /// One fence.
@@ -274,206 +185,20 @@ pub enum FenceBody {
 }
 
 /// A set of fences to write (at least one).
+// At most `max_fences`, which `tune` writes in.
 #[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
 pub struct FenceCollectionIn {
     /// `"FeatureCollection"`.
     #[serde(rename = "type")]
     #[schema(example = "FeatureCollection")]
     pub kind: String,
     /// The fences.
+    #[schema(min_items = 1)]
     pub features: Vec<FenceFeature>,
-}
-
-/// `POST /v1/fences` answer.
-#[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
-pub struct FencesWritten {
-    /// Fences that did not exist before.
-    pub created: u64,
-    /// Fences replaced.
-    pub replaced: u64,
-    /// The ids written, in request order.
-    pub ids: Vec<String>,
-}
-
-/// A pair's state in a device view.
-#[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
-pub struct PairOut {
-    /// Fence id.
-    pub fence: String,
-    /// `inside`, `entering` (pending ENTER run) or `exiting` (pending EXIT run).
-    pub state: String,
-    /// Visit start (or pending run start).
-    #[schema(format = DateTime)]
-    pub entered_at: String,
-    /// Length of the pending run.
-    pub votes: u32,
-    /// Thresholds emitted in this visit.
-    pub dwell_fired: Vec<String>,
-    /// Thresholds whose deadline passed while the device was STALE.
-    pub dwell_waiting_stale: Vec<String>,
-    /// Next internal event time.
-    #[schema(format = DateTime)]
-    pub next_due: Option<String>,
-}
-
-/// A position.
-#[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
-pub struct Position {
-    /// Latitude.
-    pub lat: f64,
-    /// Longitude.
-    pub lon: f64,
-}
-
-/// `GET /v1/devices/{id}` answer.
-#[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
-pub struct DeviceOut {
-    /// Device id.
-    pub device: String,
-    /// Latest applied fix time.
-    #[schema(format = DateTime)]
-    pub last_fix_at: Option<String>,
-    /// Latest applied position.
-    pub last_position: Option<Position>,
-    /// Fixes waiting for the watermark.
-    pub buffered: u64,
-    /// Pairs by fence.
-    pub pairs: Vec<PairOut>,
-}
-
-/// A device in `GET /v1/devices`.
-#[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
-pub struct DeviceSummaryOut {
-    /// Device id.
-    pub device: String,
-    /// Latest applied fix time.
-    #[schema(format = DateTime)]
-    pub last_fix_at: Option<String>,
-    /// Latest applied latitude.
-    pub lat: Option<f64>,
-    /// Latest applied longitude.
-    pub lon: Option<f64>,
-    /// Fences the device is inside.
-    pub inside: Vec<String>,
-}
-
-/// `GET /v1/devices` answer.
-#[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
-pub struct DevicePage {
-    /// Devices.
-    pub devices: Vec<DeviceSummaryOut>,
-    /// Pass as `after` for the next page; null at the end.
-    pub next_after: Option<String>,
-}
-
-/// `GET /healthz` answer.
-#[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
-pub struct Health {
-    /// `ok`.
-    pub status: String,
-}
-
-/// `GET /readyz` answer.
-#[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
-pub struct Ready {
-    /// `ready` or `not_ready`.
-    pub status: String,
-    /// Engine shards.
-    #[schema(nullable = false)]
-    pub shards: Option<u64>,
-    /// `live` or `event`.
-    #[schema(nullable = false)]
-    pub clock: Option<String>,
-    /// The current watermark.
-    #[schema(format = DateTime)]
-    pub watermark: Option<String>,
-    /// Configured lateness, ms.
-    #[schema(nullable = false)]
-    pub lateness_ms: Option<i64>,
-    /// Fences held.
-    #[schema(nullable = false)]
-    pub fences: Option<u64>,
-}
-
-/// Writes the running configuration's limits into the document, so that what it promises is
-/// what this server enforces: batch sizes, the poll limit, device id length, the device
-/// listing's cursor.
-pub fn tune(doc: &utoipa::openapi::OpenApi, cfg: &Config) -> Value {
-    let mut d = serde_json::to_value(doc).unwrap_or(Value::Null);
-    let schemas = &mut d["components"]["schemas"];
-    if let Some(one_of) = schemas["FixBody"]["oneOf"].as_array_mut() {
-        for v in one_of.iter_mut().filter(|v| v["type"] == "array") {
-            v["minItems"] = json!(1);
-            v["maxItems"] = json!(cfg.max_batch);
-        }
-    }
-    schemas["FixIn"]["properties"]["device"]["maxLength"] = json!(cfg.max_device_len);
-    schemas["FenceCollectionIn"]["properties"]["features"]["minItems"] = json!(1);
-    schemas["FenceCollectionIn"]["properties"]["features"]["maxItems"] = json!(cfg.max_fences);
-    for (path, name, key, value) in [
-        ("/v1/events", "limit", "maximum", json!(cfg.max_poll_limit)),
-        ("/v1/events", "from_seq", "maximum", json!(i64::MAX)),
-        ("/v1/events/ws", "from_seq", "maximum", json!(i64::MAX)),
-        (
-            "/v1/devices",
-            "after",
-            "pattern",
-            json!("^[0-9]{1,9}\\.[0-9]{1,18}$"),
-        ),
-        (
-            "/v1/webhooks/{id}/dead-letters",
-            "limit",
-            "maximum",
-            json!(cfg.max_poll_limit),
-        ),
-    ] {
-        if let Some(params) = operation(&mut d, path, "get")
-            .and_then(|o| o.get_mut("parameters"))
-            .and_then(Value::as_array_mut)
-        {
-            for p in params.iter_mut().filter(|p| p["name"] == name) {
-                p["schema"][key] = value.clone();
-            }
-        }
-    }
-    // OsmAnd: an empty optional number (`speed=`, or only white space as Rust's `trim` sees
-    // it) means "unknown", as Traccar reads it.
-    for method in ["get", "post"] {
-        if let Some(params) = operation(&mut d, "/v1/trackers/osmand", method)
-            .and_then(|o| o.get_mut("parameters"))
-            .and_then(Value::as_array_mut)
-        {
-            for p in params
-                .iter_mut()
-                .filter(|p| matches!(p["name"].as_str(), Some("accuracy" | "speed" | "bearing")))
-            {
-                let number = p["schema"].take();
-                let blank = "^[\\t\\n\\u000B\\f\\r \\u0085\\u00A0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000]*$";
-                p["schema"] = json!({"anyOf": [number, {"type": "string", "pattern": blank}]});
-            }
-        }
-    }
-    // OwnTracks posts an empty body when a friend is deleted and expects 200.
-    if let Some(body) =
-        operation(&mut d, "/v1/trackers/owntracks", "post").and_then(|o| o.get_mut("requestBody"))
-    {
-        body["required"] = json!(false);
-    }
-    d
 }
 
 /// `POST /v1/webhooks` body: a sink definition. Durations are strings such as `"10s"`.
 #[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookIn {
     /// Sink id.
@@ -514,80 +239,8 @@ pub struct WebhookIn {
     pub from_seq: Option<u64>,
 }
 
-/// A sink as the API shows it (never its secret).
-#[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
-pub struct WebhookOut {
-    /// Sink id.
-    pub id: String,
-    /// Receiver URL.
-    pub url: String,
-    /// Event kinds sent (null: all).
-    pub types: Option<Vec<EventKindOut>>,
-    /// Fence globs (null: all).
-    pub fences: Option<Vec<String>>,
-    /// Attempts before dead-lettering.
-    pub max_attempts: u32,
-    /// Attempt timeout.
-    pub timeout: String,
-    /// First retry delay.
-    pub backoff_base: String,
-    /// Largest retry delay.
-    pub backoff_max: String,
-    /// Dead letters kept.
-    pub max_dead_letters: u64,
-    /// Store hold for a lagging sink, events.
-    pub max_backlog: u64,
-    /// `config` or `api`.
-    pub source: String,
-    /// Delivery state and counters.
-    pub status: Value,
-}
-
-/// `GET /v1/webhooks` answer.
-#[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
-pub struct WebhookList {
-    /// The sinks.
-    pub webhooks: Vec<WebhookOut>,
-}
-
-/// `GET /v1/webhooks/{id}/dead-letters` answer.
-#[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
-pub struct DeadLetters {
-    /// Sink id.
-    pub webhook: String,
-    /// Dead letters held.
-    pub count: u64,
-    /// The oldest `limit` of them: `seq`, `id`, `type`, `fence`, `attempts`, `last_error`,
-    /// `dead_lettered_at`, `event`.
-    pub dead_letters: Vec<Value>,
-}
-
-/// `POST /v1/webhooks/{id}/dead-letters/retry` answer.
-#[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
-pub struct RetryQueued {
-    /// Sink id.
-    pub webhook: String,
-    /// Dead letters queued for another round.
-    pub queued: u64,
-}
-
-/// `DELETE /v1/webhooks/{id}/dead-letters` answer.
-#[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
-pub struct Cleared {
-    /// Sink id.
-    pub webhook: String,
-    /// Dead letters dropped.
-    pub cleared: u64,
-}
-
 /// An OwnTracks HTTP-mode message: a location, or any other type (answered `[]`, ignored).
 #[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
 #[serde(untagged)]
 pub enum OwnTracksMessage {
     /// `_type: "location"`: applied as a fix.
@@ -598,7 +251,6 @@ pub enum OwnTracksMessage {
 
 /// An OwnTracks location.
 #[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
 pub struct OwnTracksLocation {
     /// `"location"`.
     #[serde(rename = "_type")]
@@ -624,7 +276,6 @@ pub struct OwnTracksLocation {
 
 /// The location type tag.
 #[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
 #[serde(rename_all = "lowercase")]
 pub enum OwnTracksLocationType {
     /// A location.
@@ -633,7 +284,6 @@ pub enum OwnTracksLocationType {
 
 /// Any OwnTracks message that is not a location.
 #[derive(ToSchema, serde::Serialize)]
-#[allow(dead_code)]
 pub struct OwnTracksOther {
     /// The message type.
     #[serde(rename = "_type")]
@@ -641,8 +291,201 @@ pub struct OwnTracksOther {
     pub kind: String,
 }
 
-/// One operation of the document, if it exists. Indexing a `Value` mutably would insert `null`
-/// for a missing path or method, which makes an invalid document instead of a no-op.
-fn operation<'a>(d: &'a mut Value, path: &str, method: &str) -> Option<&'a mut Value> {
-    d.get_mut("paths")?.get_mut(path)?.get_mut(method)
+// ---------------------------------------------------------------------------------------------
+// Served values whose types have no schema
+
+/// An event (`docs/semantics.md` section 4), as polled and as sent on subscriptions.
+// Schema only: events are `geodwell_core::event::Event`s (the core crate has no OpenAPI types),
+// served as the JSON text the event log rendered once (`http::events::RawEvent`).
+#[derive(ToSchema, serde::Serialize)]
+pub struct EventOut {
+    /// Position in the log (gap-free, monotonic per instance).
+    pub seq: u64,
+    /// Deterministic id: the same input gives the same id across restarts and replays.
+    pub id: String,
+    /// Kind.
+    #[serde(rename = "type")]
+    pub kind: EventKindOut,
+    /// Device id.
+    pub device: String,
+    /// Fence id.
+    pub fence: String,
+    /// Event time.
+    #[schema(format = DateTime)]
+    pub at: String,
+    /// Visit start.
+    #[schema(format = DateTime)]
+    pub entered_at: String,
+    /// The dwell threshold, seconds (DWELL only).
+    #[schema(nullable = false)]
+    pub dwell_s: Option<f64>,
+    /// The visit's length, seconds (EXIT only).
+    #[schema(nullable = false)]
+    pub duration_s: Option<f64>,
+    /// Wall-clock publication time.
+    #[schema(format = DateTime, nullable = false)]
+    pub emitted_at: Option<String>,
+    /// The fence's tags at emission.
+    pub tags: Value,
+}
+
+/// Event kinds.
+// Schema only: `geodwell_core::event::EventKind` (the core crate has no OpenAPI types).
+#[derive(ToSchema, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EventKindOut {
+    /// The device entered the fence.
+    Enter,
+    /// The device left.
+    Exit,
+    /// The device has been inside for a threshold.
+    Dwell,
+}
+
+// ---------------------------------------------------------------------------------------------
+// The running configuration's limits
+
+/// Writes the running configuration's limits into the document, so that what it promises is
+/// what this server enforces: batch sizes, the poll limit, the device id length, the most fences
+/// per collection. Attributes cannot say these (they are fixed when the code is compiled; these
+/// come from the configuration); every other constraint is an attribute on its type or
+/// parameter, but for two that utoipa cannot express, commented below.
+pub fn tune(doc: &mut utoipa::openapi::OpenApi, cfg: &Config) {
+    let schemas = &mut doc.components.get_or_insert_with(Components::new).schemas;
+    if let Some(RefOr::T(Schema::OneOf(body))) = schemas.get_mut(&*FixBody::name()) {
+        for item in &mut body.items {
+            if let RefOr::T(Schema::Array(batch)) = item {
+                // `minItems` too: utoipa takes no validation attribute on the field of an enum
+                // variant, and a newtype inlined there (which could carry one) comes out as an
+                // `allOf` with the variant's description typed `object`, which no array matches.
+                batch.min_items = Some(1);
+                batch.max_items = Some(cfg.max_batch);
+            }
+        }
+    }
+    if let Some(RefOr::T(Schema::Object(fix))) = schemas.get_mut(&*FixIn::name())
+        && let Some(RefOr::T(Schema::Object(device))) = fix.properties.get_mut("device")
+    {
+        device.max_length = Some(cfg.max_device_len);
+    }
+    if let Some(RefOr::T(Schema::Object(fences))) = schemas.get_mut(&*FenceCollectionIn::name())
+        && let Some(RefOr::T(Schema::Array(features))) = fences.properties.get_mut("features")
+    {
+        features.max_items = Some(cfg.max_fences);
+    }
+    for path in ["/v1/events", "/v1/webhooks/{id}/dead-letters"] {
+        let Some(params) = doc
+            .paths
+            .paths
+            .get_mut(path)
+            .and_then(|p| p.get.as_mut())
+            .and_then(|op| op.parameters.as_mut())
+        else {
+            continue;
+        };
+        for p in params.iter_mut() {
+            if let RefOr::T(p) = p
+                && p.name == "limit"
+                && let Some(RefOr::T(Schema::Object(limit))) = p.schema.as_mut()
+            {
+                limit.maximum = Some(cfg.max_poll_limit.into());
+            }
+        }
+    }
+    // OwnTracks posts an empty body when a friend is deleted and expects 200. utoipa reads an
+    // optional body only from an `Option<T>` content type, whose schema then also admits a JSON
+    // `null`, which is not a message (and is answered 400).
+    if let Some(RefOr::T(body)) = doc
+        .paths
+        .paths
+        .get_mut("/v1/trackers/owntracks")
+        .and_then(|p| p.post.as_mut())
+        .and_then(|op| op.request_body.as_mut())
+    {
+        body.required = Some(Required::False);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn tuned(cfg: &Config) -> Value {
+        let mut doc = crate::http::openapi();
+        tune(&mut doc, cfg);
+        serde_json::to_value(&doc).unwrap()
+    }
+
+    #[test]
+    fn tune_writes_every_limit_of_the_configuration() {
+        let mut cfg = Config::defaults(1);
+        (cfg.max_batch, cfg.max_device_len) = (17, 23);
+        (cfg.max_fences, cfg.max_poll_limit) = (29, 31);
+        let d = tuned(&cfg);
+        let s = &d["components"]["schemas"];
+        let batch = &s["FixBody"]["oneOf"][1];
+        assert_eq!(batch["type"], "array", "{batch}");
+        assert_eq!(
+            (&batch["minItems"], &batch["maxItems"]),
+            (&json!(1), &json!(17))
+        );
+        assert_eq!(s["FixIn"]["properties"]["device"]["maxLength"], 23);
+        let features = &s["FenceCollectionIn"]["properties"]["features"];
+        assert_eq!(
+            (&features["minItems"], &features["maxItems"]),
+            (&json!(1), &json!(29))
+        );
+        for path in ["/v1/events", "/v1/webhooks/{id}/dead-letters"] {
+            let params = d["paths"][path]["get"]["parameters"].as_array().unwrap();
+            let limit = params.iter().find(|p| p["name"] == "limit").unwrap();
+            assert_eq!(limit["schema"]["maximum"], 31, "{path}");
+        }
+        let owntracks = &d["paths"]["/v1/trackers/owntracks"]["post"]["requestBody"];
+        assert_eq!(owntracks["required"], false);
+        assert_eq!(
+            owntracks["content"]["application/json"]["schema"]["$ref"],
+            "#/components/schemas/OwnTracksMessage"
+        );
+    }
+
+    #[test]
+    fn constraints_that_attributes_say_are_in_the_document() {
+        let d = tuned(&Config::defaults(1));
+        let param = |path: &str, name: &str| {
+            d["paths"][path]["get"]["parameters"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["name"] == name)
+                .unwrap()["schema"]
+                .clone()
+        };
+        for path in ["/v1/events", "/v1/events/ws"] {
+            assert_eq!(
+                param(path, "from_seq")["maximum"],
+                json!(i64::MAX),
+                "{path}"
+            );
+        }
+        assert_eq!(
+            param("/v1/devices", "after")["pattern"],
+            "^[0-9]{1,9}\\.[0-9]{1,18}$"
+        );
+        for (name, minimum) in [("accuracy", Some(0.0)), ("speed", None)] {
+            let any_of = &param("/v1/trackers/osmand", name)["anyOf"];
+            assert_eq!(any_of[0]["type"], "number", "{name}");
+            assert_eq!(any_of[0]["minimum"].as_f64(), minimum, "{name}");
+            assert_eq!(any_of[1]["type"], "string", "{name}");
+            assert!(any_of[1]["pattern"].as_str().unwrap().contains("\\u3000"));
+        }
+    }
+
+    #[test]
+    fn the_description_points_at_the_repositorys_semantics() {
+        let d = tuned(&Config::defaults(1));
+        let text = d["info"]["description"].as_str().unwrap();
+        assert!(text.contains("docs/semantics.md"), "{text}");
+        assert!(!d.to_string().contains("DESIGN"));
+    }
 }

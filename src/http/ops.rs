@@ -6,17 +6,78 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde::Serialize;
+use utoipa::ToSchema;
 
+use crate::config::ClockMode;
 use crate::state::AppState;
 use crate::telemetry as t;
+use geodwell_core::time::Ts;
+
+/// `GET /healthz` answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    /// `ok`.
+    pub status: HealthStatus,
+}
+
+/// The process is up.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum HealthStatus {
+    /// Up.
+    Ok,
+}
+
+/// `GET /readyz` answer when ready.
+// Fields in alphabetical order, the order it has always had (it used to be built as a
+// `serde_json` map, which sorts its keys).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Ready {
+    /// `live` or `event`.
+    pub clock: ClockMode,
+    /// Fences held.
+    pub fences: u64,
+    /// Configured lateness, ms.
+    pub lateness_ms: i64,
+    /// Engine shards.
+    pub shards: u64,
+    /// Always `ready`.
+    pub status: ReadyStatus,
+    /// The current watermark.
+    #[schema(value_type = Option<String>, format = DateTime, required = true)]
+    pub watermark: Option<Ts>,
+}
+
+/// Ready.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ReadyStatus {
+    /// Every shard runs and the service is not shutting down.
+    Ready,
+}
+
+/// `GET /readyz` answer when not ready.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct NotReady {
+    /// Always `not_ready`.
+    pub status: NotReadyStatus,
+}
+
+/// Not ready.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum NotReadyStatus {
+    /// A shard has stopped, or the service is shutting down.
+    NotReady,
+}
 
 /// `GET /metrics`: Prometheus text format.
 #[utoipa::path(get, path = "/metrics", tag = "ops", security((), ("bearer" = [])),
     description = "Prometheus text format. Open unless `auth.open_metrics = false` (then scope read).",
     responses(
         (status = 200, description = "Metrics", body = String, content_type = "text/plain"),
-        crate::http::openapi::Refused,
+        crate::http::auth::Refused,
     ))]
 pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     metrics::gauge!(t::EVENT_LOG_EVENTS).set(st.log().len() as f64);
@@ -33,35 +94,39 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
 /// `GET /healthz`: the process is up.
 #[utoipa::path(get, path = "/healthz", tag = "ops", security(()),
     description = "The process is up. Always open.",
-    responses((status = 200, description = "Up", body = crate::http::openapi::Health)))]
-pub async fn healthz() -> Response {
-    Json(json!({"status": "ok"})).into_response()
+    responses((status = 200, description = "Up", body = Health)))]
+pub async fn healthz() -> Json<Health> {
+    Json(Health {
+        status: HealthStatus::Ok,
+    })
 }
 
 /// `GET /readyz`: every shard is running and the service is not shutting down.
 #[utoipa::path(get, path = "/readyz", tag = "ops", security(()),
     description = "Every shard runs and the service is not shutting down. Always open.",
     responses(
-        (status = 200, description = "Ready", body = crate::http::openapi::Ready),
-        (status = 503, description = "Not ready", body = crate::http::openapi::Ready),
+        (status = 200, description = "Ready", body = Ready),
+        (status = 503, description = "Not ready", body = NotReady),
     ))]
-pub async fn readyz(State(st): State<Arc<AppState>>) -> Response {
+pub async fn readyz(
+    State(st): State<Arc<AppState>>,
+) -> Result<Json<Ready>, (StatusCode, Json<NotReady>)> {
     let shards_up = st.shards().running();
     if shards_up && !st.is_shutting_down() {
-        Json(json!({
-            "status": "ready",
-            "shards": st.shards().len(),
-            "clock": st.config().clock.to_string(),
-            "watermark": st.watermark(),
-            "lateness_ms": st.config().lateness.0,
-            "fences": st.fences().len(),
+        Ok(Json(Ready {
+            clock: st.config().clock,
+            fences: st.fences().len() as u64,
+            lateness_ms: st.config().lateness.0,
+            shards: st.shards().len() as u64,
+            status: ReadyStatus::Ready,
+            watermark: st.watermark(),
         }))
-        .into_response()
     } else {
-        (
+        Err((
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "not_ready"})),
-        )
-            .into_response()
+            Json(NotReady {
+                status: NotReadyStatus::NotReady,
+            }),
+        ))
     }
 }

@@ -20,12 +20,16 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
+use serde_json::Value;
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::{AnyOf, KnownFormat, ObjectBuilder, Schema, SchemaFormat, Type};
+use utoipa::{PartialSchema, ToSchema};
 
 use crate::config::ClockMode;
-use crate::http::error::ApiError;
+use crate::http::auth::Refused;
+use crate::http::error::{ApiError, ErrorBody, ErrorDetails};
 use crate::http::fixes::{body_or_error, check_batch};
+use crate::http::openapi::OwnTracksMessage as OwnTracksBody;
 use crate::ingest::IngestReport;
 use crate::state::AppState;
 use crate::wire::trackers::{
@@ -71,6 +75,47 @@ fn is_json_body(headers: &HeaderMap, body: &[u8]) -> bool {
     )
 }
 
+/// An optional OsmAnd number (`speed`, `bearing`), as a parameter schema: a number, or blank,
+/// which means "unknown" as Traccar reads it (`speed=`, or only white space as Rust's `trim`
+/// sees it).
+pub struct BlankOrNumber;
+
+/// An optional OsmAnd `accuracy`: like [`BlankOrNumber`], but never negative.
+pub struct BlankOrNonNegative;
+
+/// `number`'s schema or a blank string (white space as `str::trim` sees it).
+fn blank_or(number: ObjectBuilder) -> RefOr<Schema> {
+    let blank = "^[\\t\\n\\u000B\\f\\r \\u0085\\u00A0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000]*$";
+    AnyOf::builder()
+        .item(
+            number
+                .schema_type(Type::Number)
+                .format(Some(SchemaFormat::KnownFormat(KnownFormat::Double))),
+        )
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some(blank)),
+        )
+        .into()
+}
+
+impl PartialSchema for BlankOrNumber {
+    fn schema() -> RefOr<Schema> {
+        blank_or(ObjectBuilder::new())
+    }
+}
+
+impl ToSchema for BlankOrNumber {}
+
+impl PartialSchema for BlankOrNonNegative {
+    fn schema() -> RefOr<Schema> {
+        blank_or(ObjectBuilder::new().minimum(Some(0.0)))
+    }
+}
+
+impl ToSchema for BlankOrNonNegative {}
+
 /// `GET|POST /v1/trackers/osmand`: the OsmAnd protocol as Traccar Client and the OsmAnd app
 /// speak it. Parameters come from the query and, for a form body, from the body too (body
 /// values win); a JSON body (Traccar Client 9+) is read instead of parameters.
@@ -81,22 +126,22 @@ fn is_json_body(headers: &HeaderMap, body: &[u8]) -> bool {
         ("lat" = f64, Query, minimum = -90.0, maximum = 90.0, description = "Latitude (or `location=lat,lon`)"),
         ("lon" = f64, Query, minimum = -180.0, maximum = 180.0, description = "Longitude"),
         ("timestamp" = String, Query, pattern = r"^([0-9]{10}|[0-9]{13})$", description = "Fix time: Unix seconds or milliseconds (a date-time is also read). Optional in live mode (arrival time is used)"),
-        ("accuracy" = Option<f64>, Query, minimum = 0.0, description = "Accuracy, metres"),
-        ("speed" = Option<f64>, Query, description = "Speed, knots"),
-        ("bearing" = Option<f64>, Query, description = "Bearing, degrees"),
+        ("accuracy" = inline(Option<BlankOrNonNegative>), Query, description = "Accuracy, metres"),
+        ("speed" = inline(Option<BlankOrNumber>), Query, description = "Speed, knots"),
+        ("bearing" = inline(Option<BlankOrNumber>), Query, description = "Bearing, degrees"),
     ),
     responses(
         (status = 200, description = "Taken (accepted, late or duplicate)", body = crate::ingest::IngestReport),
-        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), crate::http::openapi::Refused,
-        (status = 413, description = "Body too large", body = crate::http::openapi::ErrorBody),
-        (status = 503, description = "Overloaded or shutting down (Retry-After)", body = crate::http::openapi::ErrorBody),
+        (status = 400, description = "Bad request", body = ErrorBody), Refused,
+        (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 503, description = "Overloaded or shutting down (Retry-After)", body = ErrorBody),
     ))]
 pub async fn osmand(
     State(st): State<Arc<AppState>>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
+) -> Result<Json<IngestReport>, ApiError> {
     let body = body_or_error(body, st.config().max_body_bytes)?;
     let arrival = arrival_time(&st);
     let fixes = if !body.is_empty() && is_json_body(&headers, &body) {
@@ -114,7 +159,7 @@ pub async fn osmand(
     };
     check_batch(fixes.len(), st.config().max_batch)?;
     let report = st.ingest().submit("osmand", to_fixes(&st, fixes)).await?;
-    answer(report, |r| Json(r).into_response())
+    answer(report, Json)
 }
 
 fn header_text(headers: &HeaderMap, name: &str) -> Result<Option<String>, ApiError> {
@@ -129,27 +174,27 @@ fn header_text(headers: &HeaderMap, name: &str) -> Result<Option<String>, ApiErr
 }
 
 /// OwnTracks' answer on success: a JSON array of messages for the app (none).
-fn owntracks_ok() -> Response {
-    (StatusCode::OK, Json(json!([]))).into_response()
+fn owntracks_ok() -> Json<Vec<Value>> {
+    Json(Vec::new())
 }
 
 /// `POST /v1/trackers/owntracks`: OwnTracks HTTP mode. Answers 200 `[]` (the array of messages
 /// the app expects back) for a location taken and for every message that is not a location.
 #[utoipa::path(post, path = "/v1/trackers/owntracks", tag = "ingest",
     description = "OwnTracks HTTP mode. The device is `X-Limit-U`/`X-Limit-D` (or `?u=&d=`), else the topic, else `tid`. OwnTracks may send the key as the Basic-auth password. Scope: ingest. See docs/trackers.md.",
-    request_body(content((crate::http::openapi::OwnTracksMessage = "application/json"))),
+    request_body(content((OwnTracksBody = "application/json"))),
     responses(
         (status = 200, description = "Taken or ignored: an empty array of messages for the app", body = Vec<serde_json::Value>),
-        (status = 400, description = "Bad request", body = crate::http::openapi::ErrorBody), crate::http::openapi::Refused,
-        (status = 413, description = "Body too large", body = crate::http::openapi::ErrorBody),
-        (status = 503, description = "Overloaded or shutting down (Retry-After)", body = crate::http::openapi::ErrorBody),
+        (status = 400, description = "Bad request", body = ErrorBody), Refused,
+        (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 503, description = "Overloaded or shutting down (Retry-After)", body = ErrorBody),
     ))]
 pub async fn owntracks(
     State(st): State<Arc<AppState>>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
+) -> Result<Json<Vec<Value>>, ApiError> {
     let body = body_or_error(body, st.config().max_body_bytes)?;
     // The app POSTs a zero-length payload when a friend is deleted; the booklet says to ignore
     // it. A body of white space is not that message and is not JSON either: 400, like any other
@@ -205,23 +250,21 @@ fn to_fixes(
 /// Turns an ingest report into the tracker answer: `ok` when anything was taken (accepted, late
 /// or duplicate); else 503 + `Retry-After` when only full reorder buffers stood in the way, else
 /// 400 carrying the first item's code and message (the whole report under `details`).
-fn answer(
-    report: IngestReport,
-    ok: impl FnOnce(IngestReport) -> Response,
-) -> Result<Response, ApiError> {
+fn answer<T>(report: IngestReport, ok: impl FnOnce(IngestReport) -> T) -> Result<T, ApiError> {
     if report.accepted + report.late + report.duplicate > 0 || report.errors.is_empty() {
         return Ok(ok(report));
     }
-    let details = serde_json::to_value(&report).unwrap_or(Value::Null);
-    let first = &report.errors[0];
-    if report.errors.iter().all(|e| e.code == ItemCode::BufferFull) {
+    let (code, message) = (report.errors[0].code, report.errors[0].message.clone());
+    let buffer_full = report.errors.iter().all(|e| e.code == ItemCode::BufferFull);
+    let details = ErrorDetails::Report(report);
+    if buffer_full {
         return Err(ApiError {
             status: StatusCode::SERVICE_UNAVAILABLE,
             code: ItemCode::BufferFull.as_str(),
-            message: first.message.clone(),
+            message,
             details: Some(details),
             retry_after: Some(1),
         });
     }
-    Err(ApiError::bad_request(first.code.as_str(), first.message.clone()).with_details(details))
+    Err(ApiError::bad_request(code.as_str(), message).with_details(details))
 }

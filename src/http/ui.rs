@@ -17,8 +17,9 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde::Serialize;
 
+use crate::config::ClockMode;
 use crate::http::error::ApiError;
 use crate::state::AppState;
 
@@ -170,16 +171,34 @@ pub async fn asset(
     serve(&st, &path, &req)
 }
 
+/// `GET /ui/config.json` answer. Not in the OpenAPI document, like the rest of the page's files.
+// Fields in alphabetical order, the order it has always had (it used to be built as a
+// `serde_json` map, which sorts its keys).
+#[derive(Debug, Serialize)]
+pub struct UiConfig<'a> {
+    /// `live` or `event`.
+    pub clock: ClockMode,
+    /// The largest `limit` of `GET /v1/events`.
+    pub max_poll_limit: usize,
+    /// The tile layer's attribution, if a tile layer is configured.
+    pub tile_attribution: Option<&'a str>,
+    /// The tile URL template, if any.
+    pub tile_url: Option<&'a str>,
+    /// The service version.
+    pub version: &'static str,
+}
+
 /// `GET /ui/config.json`: what the page needs from the server configuration (the optional tile
 /// layer) and the service version; nothing secret, since it is served without a key.
 fn config(st: &AppState) -> Response {
-    let mut resp = Json(json!({
-        "version": env!("CARGO_PKG_VERSION"),
-        "tile_url": st.config().map_tile_url,
-        "tile_attribution": st.config().map_tile_attribution,
-        "clock": st.config().clock.to_string(),
-        "max_poll_limit": st.config().max_poll_limit,
-    }))
+    let cfg = st.config();
+    let mut resp = Json(UiConfig {
+        clock: cfg.clock,
+        max_poll_limit: cfg.max_poll_limit,
+        tile_attribution: cfg.map_tile_attribution.as_deref(),
+        tile_url: cfg.map_tile_url.as_deref(),
+        version: env!("CARGO_PKG_VERSION"),
+    })
     .into_response();
     resp.headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));

@@ -38,7 +38,8 @@ use geodwell_core::time::Ts;
 const CHUNK: usize = 256;
 
 /// Where a sink's definition comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[schema(as = WebhookSource)]
 #[serde(rename_all = "lowercase")]
 pub enum Source {
     /// A `[[webhooks]]` entry: re-read at every start, not deletable over the API.
@@ -70,7 +71,8 @@ pub struct DeadLetter {
 }
 
 /// What a sink's task is doing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[schema(as = WebhookState)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
     /// Caught up with the log head; waiting for events.
@@ -84,37 +86,43 @@ pub enum Phase {
 }
 
 /// A sink's delivery status, as `GET /v1/webhooks` shows it.
-#[derive(Debug, Clone, Serialize)]
+// Fields in alphabetical order, the order the API has always shown them in (the answer used to be
+// built as a `serde_json` map, which sorts its keys).
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[schema(as = WebhookStatus)]
 pub struct SinkStatus {
+    /// The attempt number of the event being sent (0 when idle).
+    pub attempt: u32,
     /// The next `seq` the sink will look at.
     pub cursor: u64,
+    /// Events dead-lettered since start.
+    pub dead_lettered: u64,
+    /// Dead letters held now.
+    #[schema(value_type = u64)]
+    pub dead_letters: usize,
+    /// Events lost to retention before this sink processed them, since start.
+    pub dropped: u64,
+    /// Failed attempts since start.
+    pub failed: u64,
     /// The `seq` the next published event will get.
     pub head_seq: u64,
     /// `head_seq - cursor`: events published but not yet processed by this sink (delivered,
     /// dead-lettered or filtered out).
     pub lag: u64,
-    /// What the task is doing.
-    pub state: Phase,
-    /// The attempt number of the event being sent (0 when idle).
-    pub attempt: u32,
-    /// Events delivered (2xx) since start.
-    pub sent: u64,
-    /// Failed attempts since start.
-    pub failed: u64,
-    /// Attempts after the first for an event, since start.
-    pub retried: u64,
-    /// Events dead-lettered since start.
-    pub dead_lettered: u64,
-    /// Events lost to retention before this sink processed them, since start.
-    pub dropped: u64,
-    /// Dead letters held now.
-    pub dead_letters: usize,
     /// The last failure's reason.
     pub last_error: Option<String>,
     /// When the last attempt failed.
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub last_failure_at: Option<Ts>,
     /// When the last delivery succeeded.
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub last_success_at: Option<Ts>,
+    /// Attempts after the first for an event, since start.
+    pub retried: u64,
+    /// Events delivered (2xx) since start.
+    pub sent: u64,
+    /// What the task is doing.
+    pub state: Phase,
 }
 
 /// Changes the store has not seen yet.
