@@ -19,6 +19,7 @@ mod cli;
 mod durability;
 mod e2e;
 mod fences_api;
+mod first_impression;
 mod openapi;
 mod replay;
 mod simulate;
