@@ -118,26 +118,17 @@ fn parse_args() -> Args {
     a
 }
 
-/// A directory removed on drop.
-struct TempDir(PathBuf);
+/// A store path that does not exist yet (`.0`), inside a fresh temp dir removed (with the
+/// store) when this is dropped.
+struct TempDir(PathBuf, #[allow(dead_code)] tempfile::TempDir);
 
 impl TempDir {
     fn new(tag: &str) -> TempDir {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let d = std::env::temp_dir().join(format!(
-            "geodwell-bench-{tag}-{}-{nanos}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&d);
-        TempDir(d)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        let root = tempfile::Builder::new()
+            .prefix(&format!("geodwell-bench-{tag}-"))
+            .tempdir()
+            .expect("a temp dir");
+        TempDir(root.path().join("store"), root)
     }
 }
 

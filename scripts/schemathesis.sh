@@ -9,9 +9,9 @@
 # The server runs with API keys on (schemathesis sends an admin key; its auth checks send none or a
 # wrong one), the default `sync` store in a temporary directory, and the event clock. Checks: all
 # of schemathesis's, with tests/schemathesis/schemathesis.toml's one per-operation exception.
-# Not exercised: the two WebSocket endpoints (schemathesis speaks HTTP only; tests/*.rs cover them)
+# Not exercised: the two WebSocket endpoints (schemathesis speaks HTTP only; tests/it/ covers them)
 # and `POST /v1/webhooks`, whose generated URLs would make the server call arbitrary hosts
-# (tests/webhooks.rs covers it against a local receiver). Exits non-zero on any failure.
+# (tests/it/webhooks.rs covers it against a local receiver). Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD

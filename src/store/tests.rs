@@ -3,7 +3,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::*;
 use geodwell_core::engine::{Engine, EngineConfig};
@@ -13,28 +12,24 @@ use geodwell_core::fix::{DEFAULT_MAX_DEVICE_LEN, Fix};
 use geodwell_core::pairs::PairState;
 use geodwell_core::time::Ts;
 
-/// A fresh directory under the system temp dir (removed on drop).
-struct TempDir(PathBuf);
+/// A store path that does not exist yet, inside a fresh temp dir; the whole temp dir is removed
+/// when this is dropped (also when the test fails).
+struct TempDir {
+    _root: tempfile::TempDir,
+    path: PathBuf,
+}
 
 impl TempDir {
     fn new(name: &str) -> TempDir {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "geodwell-store-{name}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        TempDir(p)
+        let root = tempfile::Builder::new()
+            .prefix(&format!("geodwell-store-{name}-"))
+            .tempdir()
+            .expect("a temp dir");
+        let path = root.path().join("store");
+        TempDir { _root: root, path }
     }
     fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        &self.path
     }
 }
 

@@ -240,16 +240,15 @@ mod tests {
     use super::*;
     use crate::store::Batch;
 
-    fn temp(name: &str) -> std::path::PathBuf {
-        use std::sync::atomic::AtomicU64;
-        static N: AtomicU64 = AtomicU64::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "geodwell-store-wh-{name}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        p
+    /// A temp dir (removed when dropped, also when the test fails) and, inside it, a store
+    /// path that does not exist yet.
+    fn temp(name: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+        let root = tempfile::Builder::new()
+            .prefix(&format!("geodwell-store-wh-{name}-"))
+            .tempdir()
+            .unwrap();
+        let p = root.path().join("store");
+        (root, p)
     }
 
     fn events(range: std::ops::Range<u64>) -> Vec<(u64, Arc<str>)> {
@@ -260,7 +259,7 @@ mod tests {
 
     #[test]
     fn a_store_without_webhook_tables_loads_empty_and_round_trips() {
-        let dir = temp("rt");
+        let (_root, dir) = temp("rt");
         let store = Store::open(&dir).unwrap();
         assert_eq!(store.load_webhooks().unwrap(), WebhookSnapshot::default());
         store
@@ -332,12 +331,11 @@ mod tests {
         drop(store);
         let report = crate::store::check(&dir).unwrap();
         assert!(report.is_ok(), "{report}");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn the_hold_keeps_events_the_trim_would_drop_and_reads_see_them() {
-        let dir = temp("hold");
+        let (_root, dir) = temp("hold");
         let store = Store::open(&dir).unwrap();
         store.hold_events_from(4);
         store
@@ -371,6 +369,5 @@ mod tests {
             )
             .unwrap();
         assert_eq!(store.read_events(0, 100, 100).unwrap()[0].0, 8);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -1,49 +1,42 @@
 //! Fence CRUD over real HTTP: PUT create/replace, GET (normalized Feature), list, POST
 //! Feature/FeatureCollection (all or nothing), DELETE, id mismatch, limits, and a circle fence
-//! end to end.
-
-mod common;
+//! end to end. The validation error matrix (invalid collections and properties, id mismatch,
+//! the fence count limit) goes through the router in process (`App`).
 
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use serde_json::{Value, json};
 
 const EVENT_MODE: &str = "[time]\nclock = \"event\"\nlateness = \"0s\"\n";
 
-async fn send(srv: &Srv, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
-    let mut req = srv.http.request(method, srv.url(path));
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let r = req.send().await.unwrap();
-    let status = r.status().as_u16();
-    let text = r.text().await.unwrap();
-    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+/// Over a socket (`&Srv`) or in process (`&App`, for the validation error matrix).
+async fn send(api: &impl Http, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let r = match body {
+        Some(b) => {
+            api.call(
+                method,
+                path,
+                &[("content-type", "application/json")],
+                Some(serde_json::to_vec(&b).unwrap()),
+            )
+            .await
+        }
+        None => api.call(method, path, &[], None).await,
+    };
+    (r.status, r.json())
 }
 
-async fn put(srv: &Srv, id: &str, f: Value) -> (u16, Value) {
-    send(
-        srv,
-        reqwest::Method::PUT,
-        &format!("/v1/fences/{id}"),
-        Some(f),
-    )
-    .await
+async fn put(api: &impl Http, id: &str, f: Value) -> (u16, Value) {
+    send(api, "PUT", &format!("/v1/fences/{id}"), Some(f)).await
 }
 
-async fn post(srv: &Srv, doc: Value) -> (u16, Value) {
-    send(srv, reqwest::Method::POST, "/v1/fences", Some(doc)).await
+async fn post(api: &impl Http, doc: Value) -> (u16, Value) {
+    send(api, "POST", "/v1/fences", Some(doc)).await
 }
 
-async fn delete(srv: &Srv, id: &str) -> (u16, Value) {
-    send(
-        srv,
-        reqwest::Method::DELETE,
-        &format!("/v1/fences/{id}"),
-        None,
-    )
-    .await
+async fn delete(api: &impl Http, id: &str) -> (u16, Value) {
+    send(api, "DELETE", &format!("/v1/fences/{id}"), None).await
 }
 
 fn ids(list: &Value) -> Vec<String> {
@@ -190,8 +183,9 @@ async fn list_post_collection_and_delete() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_collection_applies_nothing_and_lists_every_error() {
     let srv = start(EVENT_MODE).await;
+    let app = srv.app();
     assert_eq!(
-        put(&srv, "keep", square("keep", json!({"dwell": ["10m"]})))
+        put(&app, "keep", square("keep", json!({"dwell": ["10m"]})))
             .await
             .0,
         201
@@ -205,7 +199,7 @@ async fn an_invalid_collection_applies_nothing_and_lists_every_error() {
         square("new-good", json!({})),
         {"type": "Feature", "geometry": {"type": "Point", "coordinates": [10.0, 50.0]}, "properties": {}},
     ]});
-    let (s, body) = post(&srv, fc).await;
+    let (s, body) = post(&app, fc).await;
     assert_eq!(s, 422, "{body}");
     assert_eq!(body["error"]["code"], "invalid_fence");
     let details: Vec<(String, String)> = body["error"]["details"]
@@ -246,10 +240,10 @@ async fn an_invalid_collection_applies_nothing_and_lists_every_error() {
         "{body}"
     );
     // Nothing was applied: the good new fence is absent and "keep" is unchanged.
-    assert_eq!(srv.get("/v1/fences/new-good").await.0, 404);
-    let (_, keep) = srv.get("/v1/fences/keep").await;
+    assert_eq!(app.get("/v1/fences/new-good").await.0, 404);
+    let (_, keep) = app.get("/v1/fences/keep").await;
     assert_eq!(keep["properties"]["dwell"], json!(["10m"]));
-    let (_, list) = srv.get("/v1/fences").await;
+    let (_, list) = app.get("/v1/fences").await;
     assert_eq!(ids(&list), vec!["keep"]);
     srv.stop().await;
 }
@@ -257,7 +251,8 @@ async fn an_invalid_collection_applies_nothing_and_lists_every_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn path_and_body_ids_must_match() {
     let srv = start(EVENT_MODE).await;
-    let (s, body) = put(&srv, "a", square("b", json!({}))).await;
+    let app = srv.app();
+    let (s, body) = put(&app, "a", square("b", json!({}))).await;
     assert_eq!(s, 422, "{body}");
     assert_eq!(body["error"]["code"], "invalid_fence");
     assert_eq!(body["error"]["details"][0]["path"], "id", "{body}");
@@ -266,11 +261,11 @@ async fn path_and_body_ids_must_match() {
         m.contains("\"b\"") && m.contains("\"a\"") && m.contains("does not match"),
         "{m}"
     );
-    assert_eq!(srv.get("/v1/fences/a").await.0, 404);
-    assert_eq!(srv.get("/v1/fences/b").await.0, 404);
+    assert_eq!(app.get("/v1/fences/a").await.0, 404);
+    assert_eq!(app.get("/v1/fences/b").await.0, 404);
     // A FeatureCollection is not accepted by PUT.
     let (s, body) = put(
-        &srv,
+        &app,
         "a",
         json!({"type": "FeatureCollection", "features": [square("a", json!({}))]}),
     )
@@ -280,13 +275,14 @@ async fn path_and_body_ids_must_match() {
         (422, json!("invalid_fence")),
         "{body}"
     );
-    assert_eq!(srv.get("/v1/fences/a").await.0, 404);
+    assert_eq!(app.get("/v1/fences/a").await.0, 404);
     srv.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_properties_are_422_with_their_paths() {
     let srv = start(EVENT_MODE).await;
+    let app = srv.app();
     let cases = [
         (
             json!({"radius_m": 50}),
@@ -312,7 +308,7 @@ async fn invalid_properties_are_422_with_their_paths() {
         ),
     ];
     for (props, path, msg) in cases {
-        let (s, body) = put(&srv, "p", square("p", props.clone())).await;
+        let (s, body) = put(&app, "p", square("p", props.clone())).await;
         assert_eq!(s, 422, "{props}: {body}");
         assert_eq!(body["error"]["code"], "invalid_fence");
         assert_eq!(body["error"]["details"][0]["path"], path, "{props}: {body}");
@@ -324,7 +320,7 @@ async fn invalid_properties_are_422_with_their_paths() {
             "{props}: {body}"
         );
     }
-    assert_eq!(srv.get("/v1/fences/p").await.0, 404);
+    assert_eq!(app.get("/v1/fences/p").await.0, 404);
     srv.stop().await;
 }
 
@@ -333,18 +329,19 @@ async fn the_fence_count_limit_is_enforced() {
     let mut cfg = config(EVENT_MODE);
     cfg.max_fences = 2;
     let srv = start_cfg(cfg).await;
-    assert_eq!(put(&srv, "a", square("a", json!({}))).await.0, 201);
+    let app = srv.app();
+    assert_eq!(put(&app, "a", square("a", json!({}))).await.0, 201);
     // Two new ones would make three.
     let fc = json!({"type": "FeatureCollection", "features": [square("b", json!({})), square("c", json!({}))]});
-    let (s, body) = post(&srv, fc).await;
+    let (s, body) = post(&app, fc).await;
     assert_eq!(
         (s, body["error"]["code"].clone()),
         (422, json!("too_many_fences")),
         "{body}"
     );
-    assert_eq!(srv.get("/v1/fences/b").await.0, 404, "all or nothing");
-    assert_eq!(put(&srv, "b", square("b", json!({}))).await.0, 201);
-    let (s, body) = put(&srv, "c", square("c", json!({}))).await;
+    assert_eq!(app.get("/v1/fences/b").await.0, 404, "all or nothing");
+    assert_eq!(put(&app, "b", square("b", json!({}))).await.0, 201);
+    let (s, body) = put(&app, "c", square("c", json!({}))).await;
     assert_eq!(
         (s, body["error"]["code"].clone()),
         (422, json!("too_many_fences")),
@@ -352,7 +349,7 @@ async fn the_fence_count_limit_is_enforced() {
     );
     // Replacing an existing one is still allowed at the limit.
     assert_eq!(
-        put(&srv, "b", square("b", json!({"dwell": "1m"}))).await.0,
+        put(&app, "b", square("b", json!({"dwell": "1m"}))).await.0,
         200
     );
     srv.stop().await;

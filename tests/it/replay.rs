@@ -9,13 +9,11 @@
 //! not), a fuel stop now and then, GPS noise, jitter at fence edges, reporting every 20-60 s
 //! while moving and 60-180 s while parked, radio dropouts, and inaccurate fixes.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use geodwell_core::fences::{Fence, FenceLimits};
 use geodwell_core::fix::Fix;
 use geodwell_core::time::{Dur, Ts};

@@ -5,12 +5,13 @@
 //! Each test checks what ingest made of them: the ENTER events (`GET /v1/events`) and the device
 //! state (`GET /v1/devices/{id}`), plus the error answers for bad input, ignored OwnTracks message
 //! types, metrics by transport, and API keys sent the way each app can send them.
-
-mod common;
+//!
+//! The payloads the apps send go over real sockets; the error matrix (bad input, wrong
+//! methods) goes through the router in process (`App`).
 
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use serde_json::{Value, json};
 
 const EVENT_MODE: &str = "[time]\nclock = \"event\"\nlateness = \"0s\"\n";
@@ -31,47 +32,52 @@ async fn text_or_json(r: reqwest::Response) -> (u16, Value) {
     )
 }
 
-async fn osmand_get(srv: &Srv, query: &str) -> (u16, Value) {
-    let r = srv
-        .http
-        .get(srv.url(&format!("/v1/trackers/osmand?{query}")))
-        .send()
-        .await
-        .unwrap();
-    text_or_json(r).await
+/// The helpers below go over a socket (`&Srv`) or in process (`&App`, for the error matrix).
+async fn osmand_get(api: &impl Http, query: &str) -> (u16, Value) {
+    let r = api
+        .call("GET", &format!("/v1/trackers/osmand?{query}"), &[], None)
+        .await;
+    (r.status, r.json_or_text())
 }
 
 async fn osmand_post(
-    srv: &Srv,
+    api: &impl Http,
     query: &str,
     content_type: Option<&str>,
     body: &str,
 ) -> (u16, Value) {
-    let mut req = srv
-        .http
-        .post(srv.url(&format!("/v1/trackers/osmand?{query}")))
-        .body(body.to_string());
-    if let Some(ct) = content_type {
-        req = req.header("content-type", ct);
-    }
-    text_or_json(req.send().await.unwrap()).await
+    let headers: Vec<(&str, &str)> = content_type
+        .map(|ct| ("content-type", ct))
+        .into_iter()
+        .collect();
+    let r = api
+        .call(
+            "POST",
+            &format!("/v1/trackers/osmand?{query}"),
+            &headers,
+            Some(body.as_bytes().to_vec()),
+        )
+        .await;
+    (r.status, r.json_or_text())
 }
 
 async fn owntracks_post(
-    srv: &Srv,
+    api: &impl Http,
     path_query: &str,
     headers: &[(&str, &str)],
     body: &str,
 ) -> (u16, Value) {
-    let mut req = srv
-        .http
-        .post(srv.url(&format!("/v1/trackers/owntracks{path_query}")))
-        .header("content-type", "application/json")
-        .body(body.to_string());
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    text_or_json(req.send().await.unwrap()).await
+    let mut all = vec![("content-type", "application/json")];
+    all.extend_from_slice(headers);
+    let r = api
+        .call(
+            "POST",
+            &format!("/v1/trackers/owntracks{path_query}"),
+            &all,
+            Some(body.as_bytes().to_vec()),
+        )
+        .await;
+    (r.status, r.json_or_text())
 }
 
 /// Asserts an `{"error": {"code", "message"}}` answer with this status and code; returns the
@@ -85,15 +91,21 @@ fn assert_error(got: &(u16, Value), status: u16, code: &str) -> String {
     msg
 }
 
-async fn fence(srv: &Srv) {
-    let r = srv
-        .put_fence("depot", square("depot", json!({"dwell": ["10m"]})))
+async fn fence(api: &impl Http) {
+    let body = square("depot", json!({"dwell": ["10m"]})).to_string();
+    let r = api
+        .call(
+            "PUT",
+            "/v1/fences/depot",
+            &[("content-type", "application/json")],
+            Some(body.into_bytes()),
+        )
         .await;
-    assert_eq!(r.status(), 201);
+    assert_eq!(r.status, 201);
 }
 
 /// `GET /v1/devices/{id}`, the id percent-encoded (OwnTracks ids contain `/`).
-async fn device(srv: &Srv, id: &str) -> (u16, Value) {
+async fn device(api: &impl Http, id: &str) -> (u16, Value) {
     let enc: String = id
         .bytes()
         .map(|b| {
@@ -104,7 +116,7 @@ async fn device(srv: &Srv, id: &str) -> (u16, Value) {
             }
         })
         .collect();
-    srv.get(&format!("/v1/devices/{enc}")).await
+    api.get_json(&format!("/v1/devices/{enc}")).await
 }
 
 /// Asserts the device's last fix and that it is inside `depot`.
@@ -125,9 +137,8 @@ fn assert_inside(dev: &(u16, Value), at: &str) {
 }
 
 /// The ENTER events of the log, as (device, at).
-async fn enters(srv: &Srv, n: usize) -> Vec<(String, String)> {
-    let mut got: Vec<(String, String)> = srv
-        .events(n)
+async fn enters(api: &impl Http, n: usize) -> Vec<(String, String)> {
+    let mut got: Vec<(String, String)> = events_of(api, n)
         .await
         .iter()
         .filter(|e| e["type"] == "enter")
@@ -395,14 +406,15 @@ async fn owntracks_messages_other_than_locations_are_acknowledged_and_ignored() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_a_400_error_and_keeps_earlier_fixes() {
     let srv = start(EVENT_MODE).await;
-    fence(&srv).await;
+    let app = srv.app();
+    fence(&app).await;
     let good = format!("id=truck&lat={IN_LAT}&lon={IN_LON}&timestamp={S0}");
-    assert_eq!(osmand_get(&srv, &good).await.0, 200);
+    assert_eq!(osmand_get(&app, &good).await.0, 200);
     let ot_good =
         json!({"_type": "location", "lat": IN_LAT, "lon": IN_LON, "tst": S0, "tid": "VN"});
     let vessel = [("X-Limit-U", "vessel")];
     assert_eq!(
-        owntracks_post(&srv, "", &vessel, &ot_good.to_string()).await,
+        owntracks_post(&app, "", &vessel, &ot_good.to_string()).await,
         (200, json!([]))
     );
 
@@ -466,13 +478,13 @@ async fn bad_input_is_a_400_error_and_keeps_earlier_fixes() {
         ),
     ];
     for (q, code, word) in &osmand_bad {
-        let got = osmand_get(&srv, q).await;
+        let got = osmand_get(&app, q).await;
         let msg = assert_error(&got, 400, code);
         assert!(msg.contains(word), "{q}: {msg}");
     }
     // Traccar Client JSON that is broken.
     let got = osmand_post(
-        &srv,
+        &app,
         "",
         Some("application/json"),
         "{\"device_id\": \"truck\",",
@@ -480,7 +492,7 @@ async fn bad_input_is_a_400_error_and_keeps_earlier_fixes() {
     .await;
     assert_error(&got, 400, "malformed_json");
     let got = osmand_post(
-        &srv,
+        &app,
         "",
         Some("application/json"),
         &json!({"device_id": "truck", "location": {"timestamp": "2026-01-01T00:01:00Z", "coords": {"latitude": 91.0, "longitude": IN_LON}}}).to_string(),
@@ -530,13 +542,13 @@ async fn bad_input_is_a_400_error_and_keeps_earlier_fixes() {
         ),
     ];
     for (body, code, word) in &ot_bad {
-        let got = owntracks_post(&srv, "", &vessel, body).await;
+        let got = owntracks_post(&app, "", &vessel, body).await;
         let msg = assert_error(&got, 400, code);
         assert!(msg.contains(word), "{body}: {msg}");
     }
     // No device id at all.
     let got = owntracks_post(
-        &srv,
+        &app,
         "",
         &[],
         &ot(json!({"_type": "location", "lat": IN_LAT, "lon": IN_LON, "tst": t1})),
@@ -545,16 +557,16 @@ async fn bad_input_is_a_400_error_and_keeps_earlier_fixes() {
     assert!(assert_error(&got, 400, "missing_field").contains("device id"));
 
     // Nothing of that moved either device or lost their first fix.
-    assert_inside(&device(&srv, "truck").await, &at(0));
-    assert_inside(&device(&srv, "vessel").await, &at(0));
+    assert_inside(&device(&app, "truck").await, &at(0));
+    assert_inside(&device(&app, "vessel").await, &at(0));
     assert_eq!(
-        enters(&srv, 2).await,
+        enters(&app, 2).await,
         vec![("truck".to_string(), at(0)), ("vessel".to_string(), at(0))]
     );
     // The service is healthy and takes the next good fix: the truck leaves.
     let leave = format!("id=truck&lat=50.05&lon=10.05&timestamp={}", S0 + 700);
-    assert_eq!(osmand_get(&srv, &leave).await.0, 200);
-    let evs = srv.events(3).await;
+    assert_eq!(osmand_get(&app, &leave).await.0, 200);
+    let evs = app.events(3).await;
     let exit = evs.iter().find(|e| e["type"] == "exit").expect("an exit");
     assert_eq!(
         (exit["device"].clone(), exit["duration_s"].clone()),
@@ -615,20 +627,21 @@ async fn live_mode_takes_the_arrival_time_when_osmand_sends_none() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tracker_fixes_are_counted_by_transport_and_wrong_methods_refused() {
     let srv = start(EVENT_MODE).await;
+    let app = srv.app();
     for i in 0..3 {
         let q = format!("id=m{i}&lat={IN_LAT}&lon={IN_LON}&timestamp={}", S0 + i);
-        assert_eq!(osmand_get(&srv, &q).await.0, 200);
+        assert_eq!(osmand_get(&app, &q).await.0, 200);
     }
     let m = json!({"_type": "location", "lat": IN_LAT, "lon": IN_LON, "tst": S0, "tid": "m"})
         .to_string();
-    assert_eq!(owntracks_post(&srv, "", &[], &m).await.0, 200);
+    assert_eq!(owntracks_post(&app, "", &[], &m).await.0, 200);
     let bad = json!({"_type": "location", "lat": IN_LAT, "lon": IN_LON, "tid": "m"}).to_string();
-    assert_eq!(owntracks_post(&srv, "", &[], &bad).await.0, 400);
+    assert_eq!(owntracks_post(&app, "", &[], &bad).await.0, 400);
     // An ignored message type is not a fix.
     let lwt = json!({"_type": "lwt", "tst": S0}).to_string();
-    assert_eq!(owntracks_post(&srv, "", &[], &lwt).await.0, 200);
+    assert_eq!(owntracks_post(&app, "", &[], &lwt).await.0, 200);
 
-    let text = srv.metrics().await;
+    let text = app.metrics().await;
     // The recorder is process-wide and other tests run alongside: at least what this test sent.
     let value = |series: &str| -> f64 {
         text.lines()
@@ -639,20 +652,12 @@ async fn tracker_fixes_are_counted_by_transport_and_wrong_methods_refused() {
     assert!(value("geodwell_fixes_received_total{transport=\"owntracks\"}") >= 2.0);
     assert!(value("geodwell_fixes_rejected_total{reason=\"missing_field\"}") >= 1.0);
 
-    let r = srv
-        .http
-        .get(srv.url("/v1/trackers/owntracks"))
-        .send()
-        .await
-        .unwrap();
-    assert_error(&text_or_json(r).await, 405, "method_not_allowed");
-    let r = srv
-        .http
-        .delete(srv.url("/v1/trackers/osmand?id=x"))
-        .send()
-        .await
-        .unwrap();
-    assert_error(&text_or_json(r).await, 405, "method_not_allowed");
+    let r = app.call("GET", "/v1/trackers/owntracks", &[], None).await;
+    assert_error(&(r.status, r.json_or_text()), 405, "method_not_allowed");
+    let r = app
+        .call("DELETE", "/v1/trackers/osmand?id=x", &[], None)
+        .await;
+    assert_error(&(r.status, r.json_or_text()), 405, "method_not_allowed");
     srv.stop().await;
 }
 

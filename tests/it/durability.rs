@@ -1,47 +1,17 @@
 //! Durable state across restarts (in-process) and crashes (`kill -9` of the real binary).
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::*;
-use geodwell::config::Config;
+use crate::common::*;
 use serde_json::{Value, json};
 
-fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "geodwell-{name}-{}-{}",
-        std::process::id(),
-        rand_suffix()
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn rand_suffix() -> u64 {
-    use std::hash::{BuildHasher, RandomState};
-    RandomState::new().hash_one(0u8)
-}
-
-fn durable_cfg(dir: &Path, extra: &str) -> Config {
+fn durable_cfg(dir: &Path, extra: &str) -> TestConfig {
     config(&format!(
         "[store]\ndurability = \"sync\"\n[time]\nclock = \"event\"\nlateness = \"0s\"\n{extra}"
     ))
     .with_data_dir(dir)
-}
-
-trait WithDir {
-    fn with_data_dir(self, dir: &Path) -> Self;
-}
-
-impl WithDir for Config {
-    fn with_data_dir(mut self, dir: &Path) -> Self {
-        self.data_dir = dir.to_path_buf();
-        self
-    }
 }
 
 fn ids(evs: &[Value]) -> Vec<String> {
@@ -52,7 +22,7 @@ fn ids(evs: &[Value]) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pending_dwells_fire_after_a_restart_with_the_ids_they_would_have_had() {
-    let dir = temp_dir("restart");
+    let dir = temp_dir();
     // Uninterrupted reference run (in memory).
     let reference = {
         let srv =
@@ -69,7 +39,7 @@ async fn pending_dwells_fire_after_a_restart_with_the_ids_they_would_have_had() 
     };
     assert_eq!(ids(&reference).len(), 2);
 
-    let srv = start_cfg(durable_cfg(&dir, "")).await;
+    let srv = start_cfg(durable_cfg(dir.path(), "")).await;
     srv.put_fence("depot", square("depot", json!({"dwell": ["10m"]})))
         .await;
     srv.post_fixes(json!([fix("truck", 0, true), fix("truck", 300, true)]))
@@ -78,7 +48,7 @@ async fn pending_dwells_fire_after_a_restart_with_the_ids_they_would_have_had() 
     srv.stop().await;
 
     // Restart on the same data dir: the fence, the visit and its pending deadline are back.
-    let srv = start_cfg(durable_cfg(&dir, "")).await;
+    let srv = start_cfg(durable_cfg(dir.path(), "")).await;
     let (s, f) = srv.get("/v1/fences/depot").await;
     assert_eq!(s, 200, "{f}");
     let (_, dev) = srv.get("/v1/devices/truck").await;
@@ -93,19 +63,18 @@ async fn pending_dwells_fire_after_a_restart_with_the_ids_they_would_have_had() 
     assert_eq!(evs[1]["seq"], 2);
     assert_eq!(evs[1]["at"], "2026-01-01T00:10:00.000Z");
     srv.stop().await;
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dwell_whose_visit_ended_during_the_downtime_does_not_fire() {
-    let dir = temp_dir("downtime-exit");
-    let srv = start_cfg(durable_cfg(&dir, "")).await;
+    let dir = temp_dir();
+    let srv = start_cfg(durable_cfg(dir.path(), "")).await;
     srv.put_fence("depot", square("depot", json!({"dwell": ["10m"]})))
         .await;
     srv.post_fixes(fix("truck", 0, true)).await;
     srv.stop().await;
     // After the restart, data from the downtime window arrives: the truck left at 500 s.
-    let srv = start_cfg(durable_cfg(&dir, "")).await;
+    let srv = start_cfg(durable_cfg(dir.path(), "")).await;
     srv.post_fixes(json!([fix("truck", 500, false), fix("other", 700, false)]))
         .await;
     let evs = srv.events(2).await;
@@ -115,20 +84,19 @@ async fn a_dwell_whose_visit_ended_during_the_downtime_does_not_fire() {
     let kinds: Vec<&str> = evs2.iter().map(|e| e["type"].as_str().unwrap()).collect();
     assert_eq!(kinds, vec!["enter", "exit"], "{evs2:?}");
     srv.stop().await;
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_cannot_be_read_stops_startup_with_a_clear_error() {
-    let dir = temp_dir("corrupt");
+    let dir = temp_dir();
     std::fs::write(
-        dir.join("geodwell.redb"),
+        dir.path().join("geodwell.redb"),
         b"this is not a redb file, it is garbage",
     )
     .unwrap();
     // The warm start finishes before start() returns, so the error comes from start(); it
     // must name the store, and the garbage must still be there.
-    let err = match geodwell::Service::start(durable_cfg(&dir, "")).await {
+    let err = match geodwell::Service::start(durable_cfg(dir.path(), "").cfg).await {
         Err(e) => format!("{:#}", anyhow_chain(&e)),
         Ok(_) => panic!("startup on a corrupt store must fail"),
     };
@@ -138,11 +106,10 @@ async fn a_store_that_cannot_be_read_stops_startup_with_a_clear_error() {
         "the error names the file: {err}"
     );
     assert_eq!(
-        std::fs::read(dir.join("geodwell.redb")).unwrap(),
+        std::fs::read(dir.path().join("geodwell.redb")).unwrap(),
         b"this is not a redb file, it is garbage",
         "a store that cannot be read is never reset"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 // ---- crash test with the real binary ------------------------------------------------------
@@ -182,8 +149,8 @@ async fn kill_9_at_random_moments_loses_and_doubles_nothing() {
     );
 
     // Uninterrupted run.
-    let dir = temp_dir("crash-ref");
-    let (mut child, base) = spawn_bin(&dir, "30s", &[]);
+    let ref_dir = temp_dir();
+    let (mut child, base) = spawn_bin(ref_dir.path(), "30s", &[]);
     http.put(format!("{base}/v1/fences/yard"))
         .json(&fence)
         .send()
@@ -211,8 +178,8 @@ async fn kill_9_at_random_moments_loses_and_doubles_nothing() {
     );
 
     // Crashing run: kill -9 at pseudo-random batches, sometimes while a batch is in flight.
-    let dir = temp_dir("crash");
-    let (mut child, mut base) = spawn_bin(&dir, "30s", &[]);
+    let dir = temp_dir();
+    let (mut child, mut base) = spawn_bin(dir.path(), "30s", &[]);
     http.put(format!("{base}/v1/fences/yard"))
         .json(&fence)
         .send()
@@ -247,7 +214,7 @@ async fn kill_9_at_random_moments_loses_and_doubles_nothing() {
                     .status();
             }
             let _ = child.wait();
-            let (c, b) = spawn_bin(&dir, "30s", &[]);
+            let (c, b) = spawn_bin(dir.path(), "30s", &[]);
             child = c;
             base = b;
         }
@@ -280,25 +247,23 @@ async fn kill_9_at_random_moments_loses_and_doubles_nothing() {
     let mut want: Vec<String> = expected.iter().map(|e| e["id"].to_string()).collect();
     want.sort();
     assert_eq!(got_ids, want, "exactly the events of the uninterrupted run");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Unmounts a test tmpfs when dropped.
+/// Unmounts a test tmpfs when dropped (before the temp dir it is mounted on is removed).
 struct Mounted(PathBuf);
 
 impl Drop for Mounted {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(&self.0).status();
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_answers_503_loses_nothing_acknowledged_and_recovers() {
-    let dir = temp_dir("diskfull");
+    let dir = temp_dir();
     let mounted = Command::new("mount")
         .args(["-t", "tmpfs", "-o", "size=6m", "tmpfs"])
-        .arg(&dir)
+        .arg(dir.path())
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
@@ -308,13 +273,13 @@ async fn a_full_disk_answers_503_loses_nothing_acknowledged_and_recovers() {
         );
         return;
     }
-    let _guard = Mounted(dir.clone());
-    let srv = start_cfg(durable_cfg(&dir, "")).await;
+    let _guard = Mounted(dir.path().to_path_buf());
+    let srv = start_cfg(durable_cfg(dir.path(), "")).await;
     srv.put_fence("depot", square("depot", json!({"dwell": ["10m"]})))
         .await;
 
     // Fill the disk, leaving almost nothing.
-    let filler = dir.join("filler");
+    let filler = dir.path().join("filler");
     {
         use std::io::Write;
         let mut f = std::fs::File::create(&filler).unwrap();
@@ -370,7 +335,7 @@ async fn a_full_disk_answers_503_loses_nothing_acknowledged_and_recovers() {
     srv.stop().await;
 
     // Everything acknowledged is there after a restart.
-    let srv = start_cfg(durable_cfg(&dir, "")).await;
+    let srv = start_cfg(durable_cfg(dir.path(), "")).await;
     // The batch that first failed and was acknowledged on its retry counts too: its state was
     // applied in memory at the first attempt, so only the kept, retried commit can hold it.
     let retried: Vec<(String, i64)> = failed
@@ -398,21 +363,21 @@ async fn a_full_disk_answers_503_loses_nothing_acknowledged_and_recovers() {
         assert_eq!(last, T0 + ts * 1000);
     }
     srv.stop().await;
-    let report = geodwell::store::check(&dir).expect("the store checks clean after recovery");
+    let report = geodwell::store::check(dir.path()).expect("the store checks clean after recovery");
     assert!(report.is_ok(), "{report}");
 }
 
 /// Measures the `async` durability loss window: acknowledged fixes lost by a `kill -9`. Not a
-/// pass/fail test (run with `cargo test --release --test durability -- --ignored --nocapture`);
-/// the figures are recorded in docs/store.md.
+/// pass/fail test (run with `cargo test --release --test it measure_async_loss_window --
+/// --ignored --nocapture`); the figures are recorded in docs/store.md.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "measurement, not a check"]
 async fn measure_async_loss_window() {
     let http = reqwest::Client::new();
     for round in 0..3 {
-        let dir = temp_dir("async-loss");
+        let dir = temp_dir();
         let (mut child, base) = spawn_bin(
-            &dir,
+            dir.path(),
             "0s",
             &[
                 ("GEODWELL_DURABILITY", "async"),
@@ -442,7 +407,7 @@ async fn measure_async_loss_window() {
             .args(["-9", &child.id().to_string()])
             .status();
         let _ = child.wait();
-        let (mut child, base) = spawn_bin(&dir, "30s", &[]);
+        let (mut child, base) = spawn_bin(dir.path(), "30s", &[]);
         let mut lost = 0;
         let mut oldest_lost: Option<Duration> = None;
         for (b, at) in &acked {
@@ -467,7 +432,6 @@ async fn measure_async_loss_window() {
         );
         let _ = child.kill();
         let _ = child.wait();
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
 

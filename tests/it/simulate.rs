@@ -5,13 +5,11 @@
 //! an unreachable server clearly; it sends its API key on every request, and its exit status is
 //! non-zero (with a message saying why) when the server refuses the key or any fixes.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::start;
+use crate::common::start;
 use geodwell_core::fences::Fence;
 use geodwell_core::fix::Fix;
 use geodwell_core::reference::expected_events;
@@ -34,7 +32,7 @@ fn fences(sites: u32) -> Vec<Arc<Fence>> {
 }
 
 /// Every event in the server's log, paging through it.
-async fn all_events(srv: &common::Srv) -> Vec<Value> {
+async fn all_events(srv: &crate::common::Srv) -> Vec<Value> {
     let mut out = Vec::new();
     let mut from = 0u64;
     loop {
@@ -52,7 +50,7 @@ async fn all_events(srv: &common::Srv) -> Vec<Value> {
 }
 
 /// Polls until the log stops growing for 300 ms.
-async fn settled_events(srv: &common::Srv) -> Vec<Value> {
+async fn settled_events(srv: &crate::common::Srv) -> Vec<Value> {
     let mut last = all_events(srv).await;
     loop {
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -222,7 +220,7 @@ async fn a_live_server_takes_real_time_only() {
 #[test]
 fn the_cli_writes_deterministic_traces() {
     let bin = env!("CARGO_BIN_EXE_geodwell");
-    let dir = common::temp_data_dir();
+    let dir = crate::common::temp_dir();
     let write = |sub: &str| {
         let out = std::process::Command::new(bin)
             .args([
@@ -235,7 +233,7 @@ fn the_cli_writes_deterministic_traces() {
                 "2000",
             ])
             .args(["--start", "2026-03-01T00:00:00Z", "--write-trace"])
-            .arg(dir.join(sub))
+            .arg(dir.path().join(sub))
             .output()
             .unwrap();
         assert!(
@@ -244,8 +242,8 @@ fn the_cli_writes_deterministic_traces() {
             String::from_utf8_lossy(&out.stderr)
         );
         (
-            std::fs::read(dir.join(sub).join("fixes.ndjson")).unwrap(),
-            std::fs::read(dir.join(sub).join("fences.geojson")).unwrap(),
+            std::fs::read(dir.path().join(sub).join("fixes.ndjson")).unwrap(),
+            std::fs::read(dir.path().join(sub).join("fences.geojson")).unwrap(),
         )
     };
     let (a, fa) = write("a");
@@ -264,7 +262,6 @@ fn the_cli_writes_deterministic_traces() {
             .iter()
             .all(|l| l["ts"].as_i64().unwrap() >= 1_772_323_200_000)
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -332,7 +329,7 @@ const SIM_KEY: &str = "sim-key-0123456789abcdef";
 const READ_KEY: &str = "read-key-0123456789abcdef";
 
 /// An event-clock server with the two keys above.
-async fn keyed_server() -> common::Srv {
+async fn keyed_server() -> crate::common::Srv {
     start(&format!(
         "[time]\nclock = \"event\"\nlateness = \"0s\"\n[auth]\napi_keys = [\n  \
          {{ name = \"sim\", scopes = [\"ingest\", \"read\", \"admin\"], key = \"{SIM_KEY}\" }},\n  \
@@ -351,7 +348,7 @@ struct SimRun {
 
 /// Runs `geodwell simulate --quiet --server <srv> ARGS` as a process with `env` on top of an
 /// environment without `GEODWELL_API_KEY`; fails the test if it takes more than 90 s.
-async fn simulate_bin(srv: &common::Srv, args: &[&str], env: &[(&str, &str)]) -> SimRun {
+async fn simulate_bin(srv: &crate::common::Srv, args: &[&str], env: &[(&str, &str)]) -> SimRun {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_geodwell"));
     cmd.args(["simulate", "--quiet", "--server", &srv.base])
         .args(args)
@@ -387,12 +384,11 @@ const QUICK: [&str; 9] = [
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_with_an_api_key_uploads_sends_and_sees_events() {
     let srv = keyed_server().await;
-    let dir = common::temp_data_dir();
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = crate::common::temp_dir();
     // HTTP: fence upload, fix batches and the event subscription all carry the key; WebSocket:
     // the ingest upgrade too.
     for transport in ["http", "ws"] {
-        let report = dir.join(format!("{transport}.json"));
+        let report = dir.path().join(format!("{transport}.json"));
         let run = simulate_bin(
             &srv,
             &[
@@ -419,7 +415,6 @@ async fn the_cli_with_an_api_key_uploads_sends_and_sees_events() {
     }
     let (status, v) = srv.get("/v1/fences").await;
     assert_eq!(status, 401, "the server does guard its routes: {v}");
-    let _ = std::fs::remove_dir_all(&dir);
     srv.stop().await;
 }
 

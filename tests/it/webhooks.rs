@@ -4,19 +4,17 @@
 //! restart, a backlog read from the store past the log's retention, drops without a store, and
 //! `kill -9` of the real binary in the middle of deliveries (at least once: no gaps).
 
-mod common;
-
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::common::*;
 use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use base64::Engine as _;
-use common::*;
 use hmac::{Hmac, Mac};
 use serde_json::{Value, json};
 use sha2::Sha256;
@@ -184,16 +182,17 @@ fn sink(id: &str, url: &str, extra: Value) -> Value {
     v
 }
 
-async fn create(srv: &Srv, body: Value) -> (u16, Value) {
-    let r = srv
-        .http
-        .post(srv.url("/v1/webhooks"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let s = r.status().as_u16();
-    (s, r.json().await.unwrap_or(Value::Null))
+/// Over a socket (`&Srv`) or in process (`&App`, for the API's error matrix).
+async fn create(api: &impl Http, body: Value) -> (u16, Value) {
+    let r = api
+        .call(
+            "POST",
+            "/v1/webhooks",
+            &[("content-type", "application/json")],
+            Some(serde_json::to_vec(&body).unwrap()),
+        )
+        .await;
+    (r.status, r.json())
 }
 
 async fn status(srv: &Srv, id: &str) -> Value {
@@ -489,9 +488,9 @@ async fn a_hanging_receiver_slows_neither_ingest_nor_other_sinks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_resumes_from_the_cursor_without_gap_or_repeat() {
     let rx = Receiver::start(Mode::Ok).await;
-    let cfg = config(EVENT_MODE);
-    let dir = cfg.data_dir.clone();
-    let srv = start_cfg(cfg).await;
+    // The store outlives the first server: the second one restarts on it.
+    let dir = temp_dir();
+    let srv = start_cfg(config(EVENT_MODE).with_data_dir(dir.path())).await;
     setup_fence(&srv).await;
     let (s, v) = create(&srv, sink("r", &rx.url(), json!({"max_attempts": 100}))).await;
     assert_eq!(s, 201, "{v}");
@@ -513,9 +512,7 @@ async fn a_restart_resumes_from_the_cursor_without_gap_or_repeat() {
 
     // Back up, same data dir: the API-created sink is restored and resumes at seq 5.
     rx.set(Mode::Ok);
-    let mut cfg = config(EVENT_MODE);
-    cfg.data_dir = dir;
-    let srv = start_cfg(cfg).await;
+    let srv = start_cfg(config(EVENT_MODE).with_data_dir(dir.path())).await;
     let (s, v) = srv.get("/v1/webhooks/r").await;
     assert_eq!((s, v["source"].clone()), (200, json!("api")), "{v}");
     rx.wait_delivered(8).await;
@@ -586,8 +583,9 @@ async fn without_a_store_a_sink_behind_the_log_counts_the_lost_events() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_rejects_bad_input_with_clear_errors() {
     let srv = start(EVENT_MODE).await;
+    let app = srv.app();
     let (s, v) = create(
-        &srv,
+        &app,
         json!({"id": "x y", "url": "ftp://h/", "secret": "plain", "max_attempts": 0, "nope": 1}),
     )
     .await;
@@ -609,50 +607,36 @@ async fn the_api_rejects_bad_input_with_clear_errors() {
         !v.to_string().contains("plain\""),
         "the secret is not echoed: {v}"
     );
-    let r = srv
-        .http
-        .post(srv.url("/v1/webhooks"))
-        .body("{not json")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 400);
+    let r = app
+        .call("POST", "/v1/webhooks", &[], Some(b"{not json".to_vec()))
+        .await;
+    assert_eq!(r.status, 400);
     let (s, v) = create(
-        &srv,
+        &app,
         sink("ahead", "http://127.0.0.1:9/", json!({"from_seq": 99})),
     )
     .await;
     assert_eq!(s, 422, "{v}");
-    let (s, _) = create(&srv, sink("dup", "http://127.0.0.1:9/", json!({}))).await;
+    let (s, _) = create(&app, sink("dup", "http://127.0.0.1:9/", json!({}))).await;
     assert_eq!(s, 201);
-    let (s, v) = create(&srv, sink("dup", "http://127.0.0.1:9/", json!({}))).await;
+    let (s, v) = create(&app, sink("dup", "http://127.0.0.1:9/", json!({}))).await;
     assert_eq!(
         (s, v["error"]["code"].clone()),
         (409, json!("webhook_exists"))
     );
     for path in ["/v1/webhooks/nope", "/v1/webhooks/nope/dead-letters"] {
-        let (s, v) = srv.get(path).await;
+        let (s, v) = app.get(path).await;
         assert_eq!(
             (s, v["error"]["code"].clone()),
             (404, json!("webhook_not_found"))
         );
     }
-    let (s, v) = srv.get("/v1/webhooks/dup/dead-letters?limit=0").await;
+    let (s, v) = app.get("/v1/webhooks/dup/dead-letters?limit=0").await;
     assert_eq!(s, 400, "{v}");
-    let r = srv
-        .http
-        .delete(srv.url("/v1/webhooks/dup"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 204);
-    let r = srv
-        .http
-        .delete(srv.url("/v1/webhooks/dup"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 404);
+    let r = app.call("DELETE", "/v1/webhooks/dup", &[], None).await;
+    assert_eq!(r.status, 204);
+    let r = app.call("DELETE", "/v1/webhooks/dup", &[], None).await;
+    assert_eq!(r.status, 404);
     srv.stop().await;
 }
 
@@ -662,10 +646,9 @@ async fn the_api_rejects_bad_input_with_clear_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_during_delivery_loses_no_event() {
     let rx = Receiver::start(Mode::Slow(5)).await;
-    let dir = temp_data_dir();
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir();
     let http = reqwest::Client::new();
-    let (mut child, base) = spawn_bin(&dir, "0s", &[]);
+    let (mut child, base) = spawn_bin(dir.path(), "0s", &[]);
     let put = http
         .put(format!("{base}/v1/fences/depot"))
         .json(&square("depot", json!({})))
@@ -704,7 +687,7 @@ async fn kill_9_during_delivery_loses_no_event() {
         );
         let _ = child.kill(); // SIGKILL
         let _ = child.wait();
-        (child, base) = spawn_bin(&dir, "0s", &[]);
+        (child, base) = spawn_bin(dir.path(), "0s", &[]);
     }
     let logged: Vec<Value> = http
         .get(format!("{base}/v1/events?from_seq=0&limit=10000"))
@@ -748,5 +731,4 @@ async fn kill_9_during_delivery_loses_no_event() {
     );
     let _ = child.kill();
     let _ = child.wait();
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,11 +1,9 @@
 //! End to end over real sockets: ENTER -> DWELL -> EXIT in event and live mode, subscription
 //! resume, the lagged path, and shutdown with clients connected.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use futures_util::SinkExt;
 use serde_json::{Value, json};
 

@@ -1,17 +1,15 @@
 //! The binary as users run it: `geodwell serve` answers, and SIGTERM drains and exits 0;
 //! `geodwell check-config` reports every error at once.
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_geodwell");
+use crate::common::{BIN, Proc, listening_addr, temp_dir};
 
 #[test]
 fn serve_answers_then_exits_zero_on_sigterm() {
-    let data = std::env::temp_dir().join(format!("geodwell-cli-data-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&data);
-    let mut child = Command::new(BIN)
+    let data = temp_dir();
+    let child = Command::new(BIN)
         .args([
             "serve",
             "--listen",
@@ -24,22 +22,18 @@ fn serve_answers_then_exits_zero_on_sigterm() {
             "2",
         ])
         .arg("--data-dir")
-        .arg(&data)
+        .arg(data.path())
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .env("GEODWELL_LOG", "info")
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
         .expect("binary starts");
-    let stderr = child.stderr.take().unwrap();
-    let mut lines = BufReader::new(stderr).lines();
-    let addr = loop {
-        let line = lines.next().expect("log line").expect("utf-8 log");
-        if let Some(rest) = line.split("addr=").nth(1) {
-            break rest.split_whitespace().next().unwrap().to_string();
-        }
-    };
-    // The default config preloads config/fences.geojson.
+    // Killed and reaped if the test fails half way, before `data` is removed.
+    let mut child = Proc(child);
+    let (tx, lines) = std::sync::mpsc::channel();
+    let addr = listening_addr(&mut child, Some(tx));
+    // The default config preloads the built-in sample fences.
     let rt = tokio::runtime::Runtime::new().unwrap();
     let fences: serde_json::Value = rt.block_on(async {
         reqwest::get(format!("http://{addr}/v1/fences"))
@@ -70,15 +64,15 @@ fn serve_answers_then_exits_zero_on_sigterm() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(code.success(), "exit status {code:?}");
-    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    // The log after the listening line (the drain thread ends at EOF, once the child exited).
+    let rest: Vec<String> = lines.iter().collect();
     assert!(rest.iter().any(|l| l.contains("stopped")), "{rest:?}");
 }
 
 #[test]
 fn check_config_reports_every_error() {
-    let dir = std::env::temp_dir().join(format!("geodwell-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let bad = dir.join("bad.toml");
+    let dir = temp_dir();
+    let bad = dir.path().join("bad.toml");
     std::fs::write(
         &bad,
         "[server]\nlisten = \"x\"\ncolour = 1\n[time]\nclock = \"sundial\"\n",

@@ -2,11 +2,9 @@
 //! scope, the scopes' routes, the open routes, the query-parameter and Basic forms, and config
 //! validation that reports every bad key at once.
 
-mod common;
-
 use std::collections::BTreeMap;
 
-use common::*;
+use crate::common::*;
 use geodwell::config::Config;
 use serde_json::{Value, json};
 
