@@ -1,5 +1,5 @@
 //! Issue 3 acceptance: a multi-day fleet trace replayed through `POST /v1/fixes` in `event` mode
-//! gives exactly the events DESIGN sections 2-4 define (checked against the naive reference in
+//! gives exactly the events docs/semantics.md sections 2-4 define (checked against the naive reference in
 //! `geodwell_core::reference`), the same whether the fixes arrive in order in a few large JSON
 //! batches or shuffled within the lateness in many small NDJSON batches.
 //!

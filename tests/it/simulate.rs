@@ -1,6 +1,6 @@
 //! `geodwell simulate` against the real server: the simulator's seeded fleet, sent over HTTP
 //! NDJSON and WebSocket ingest with bounded disorder, gives exactly the events the reference
-//! implementation of DESIGN sections 2-4 computes for the same trace; every event reaches the
+//! implementation of docs/semantics.md sections 2-4 computes for the same trace; every event reaches the
 //! simulator's subscription and gets a latency; the CLI writes deterministic traces and reports
 //! an unreachable server clearly; it sends its API key on every request, and its exit status is
 //! non-zero (with a message saying why) when the server refuses the key or any fixes.
