@@ -190,3 +190,44 @@ async fn an_empty_fences_file_starts_without_fences() {
     let rest: Vec<String> = log.iter().collect();
     assert!(code.success(), "exit status {code:?}; log: {rest:#?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_has_one_deadline_and_says_what_it_aborted() {
+    use std::io::Write;
+    let cwd = temp_dir();
+    let child = geodwell(
+        cwd.path(),
+        &["serve", "--listen", "127.0.0.1:0", "--fences-file", ""],
+    )
+    .env("GEODWELL_SHUTDOWN_GRACE", "1s")
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("binary starts");
+    let mut child = Proc(child);
+    let (tx, log) = std::sync::mpsc::channel();
+    let addr = listening_addr(&mut child, Some(tx));
+    // A client that never finishes its request keeps axum's graceful shutdown waiting: the one
+    // deadline (shutdown_grace, 1 s here) must end the stop anyway, and the log must say what it
+    // cut short.
+    let mut stuck = std::net::TcpStream::connect(&addr).unwrap();
+    stuck
+        .write_all(b"POST /v1/fixes HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{")
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let code = terminate(&mut child).await;
+    let took = started.elapsed();
+    let rest: Vec<String> = log.iter().collect();
+    assert!(code.success(), "exit status {code:?}; log: {rest:#?}");
+    assert!(
+        took < Duration::from_secs(8),
+        "one deadline (1 s) for the whole stop, took {took:?}"
+    );
+    let line = rest
+        .iter()
+        .find(|l| l.contains("shutdown deadline"))
+        .unwrap_or_else(|| panic!("no deadline line: {rest:#?}"));
+    assert!(line.contains("in-flight HTTP requests"), "{line}");
+    drop(stuck);
+}
