@@ -8,10 +8,11 @@
 //! Stop order, all within one deadline (`grace` from the moment shutdown begins): stop accepting
 //! and finish in-flight requests -> WebSocket tasks say goodbye -> webhook sinks stop and write
 //! their cursors -> the shards drain their queues -> the publisher makes its last commit. Work
-//! that is still running at the deadline is aborted, and the log says which.
+//! that is still running at the deadline is aborted, and the log says which. When `shutdown`
+//! returns, the store is closed (the data directory can be opened again).
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use thiserror::Error;
@@ -186,6 +187,7 @@ impl Service {
             shard_tasks,
             publisher_stop,
             publisher_task,
+            store: store.as_ref().map(Arc::downgrade),
         };
         let router = http::router(state.clone());
         let task = tokio::spawn(serve(listener, router, stopping));
@@ -253,6 +255,9 @@ struct Stopping {
     shard_tasks: Vec<JoinHandle<()>>,
     publisher_stop: CancellationToken,
     publisher_task: JoinHandle<()>,
+    /// The store, to see it closed: the last connection task may drop its handle to the state
+    /// (and so the store) a moment after the server has returned.
+    store: Option<Weak<crate::store::Store>>,
 }
 
 /// Serves until shutdown begins, then stops every part in order within the deadline.
@@ -261,10 +266,11 @@ async fn serve(
     router: axum::Router,
     s: Stopping,
 ) -> Result<(), ServiceError> {
-    let server = axum::serve(listener, router)
-        .with_graceful_shutdown(s.trigger.clone().cancelled_owned())
-        .into_future();
-    tokio::pin!(server);
+    let mut server = Box::pin(
+        axum::serve(listener, router)
+            .with_graceful_shutdown(s.trigger.clone().cancelled_owned())
+            .into_future(),
+    );
     let mut served = tokio::select! {
         r = &mut server => Some(r),
         _ = s.trigger.cancelled() => None,
@@ -309,6 +315,8 @@ async fn serve(
         }
     }
     drop(s.state);
+    // An unfinished server (aborted at the deadline) still holds the router and its state.
+    drop(server);
     s.publisher_stop.cancel();
     let mut publisher_task = s.publisher_task;
     if tokio::time::timeout_at(deadline, &mut publisher_task)
@@ -317,6 +325,17 @@ async fn serve(
     {
         publisher_task.abort();
         aborted.push("the final state commit");
+    }
+    // A caller that reopens the data directory after `shutdown` returns (a restart in the same
+    // process, `store check`) must find the file closed.
+    if let Some(store) = &s.store {
+        while store.strong_count() > 0 {
+            if Instant::now() >= deadline {
+                aborted.push("closing the store (a task still holds it)");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
     }
     if aborted.is_empty() {
         tracing::info!("geodwell stopped");
