@@ -304,6 +304,7 @@ async fn serve(
     s.webhooks
         .stop(deadline.saturating_duration_since(Instant::now()))
         .await;
+    drop(s.webhooks);
     // The shards drain their queues, then the publisher commits what they handed it.
     s.shard_stop.cancel();
     for mut t in s.shard_tasks {
