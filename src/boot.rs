@@ -71,6 +71,7 @@ pub enum BootError {
 pub fn fence_limits(cfg: &Config) -> FenceLimits {
     FenceLimits {
         max_vertices: cfg.max_vertices,
+        max_tags_bytes: cfg.max_tags_bytes,
         ..FenceLimits::default()
     }
 }
@@ -226,6 +227,10 @@ pub fn boot(cfg: &Config) -> Result<Booted, BootError> {
         tick: cfg.tick,
         max_fires_per_advance: cfg.max_fires_per_tick,
         max_buffered_per_device: cfg.max_buffered_per_device,
+        // Each shard its share: deterministic (the same input gives the same refusals whatever
+        // else the other shards hold), at the price of refusing a little early when the devices
+        // spread unevenly.
+        max_devices: cfg.max_devices.div_ceil(cfg.shards.max(1)),
         track_dirty: store.is_some(),
     };
     let (engines, restored, timers, per_shard) =

@@ -60,10 +60,29 @@ pub struct Written {
     pub replaced: usize,
 }
 
+/// A fence in the read copy, with its normalized GeoJSON Feature text (rendered once, when it is
+/// written: listings copy text instead of rendering every fence again for every reader).
+#[derive(Debug, Clone)]
+pub struct Stored {
+    /// The fence.
+    pub fence: Arc<Fence>,
+    /// `serde_json::to_string(&fence.to_feature())`.
+    pub json: Arc<str>,
+}
+
+impl Stored {
+    fn new(fence: Arc<Fence>) -> Stored {
+        let json = serde_json::to_string(&fence.to_feature())
+            .unwrap_or_default()
+            .into();
+        Stored { fence, json }
+    }
+}
+
 /// The fences of the service.
 #[derive(Debug)]
 pub struct FenceRegistry {
-    read: RwLock<BTreeMap<String, Arc<Fence>>>,
+    read: RwLock<BTreeMap<String, Stored>>,
     write: tokio::sync::Mutex<()>,
     limits: FenceLimits,
     max_fences: usize,
@@ -83,7 +102,7 @@ impl FenceRegistry {
     ) -> FenceRegistry {
         let read = fences
             .iter()
-            .map(|f| (f.id.to_string(), f.clone()))
+            .map(|f| (f.id.to_string(), Stored::new(f.clone())))
             .collect::<BTreeMap<_, _>>();
         metrics::gauge!(t::FENCES).set(read.len() as f64);
         FenceRegistry {
@@ -101,20 +120,31 @@ impl FenceRegistry {
         &self.limits
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<Fence>>> {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Stored>> {
         // A panic while holding the lock cannot leave the map half-written: writers only insert
         // or remove whole entries.
         self.read.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The fence `id`.
-    pub fn get(&self, id: &str) -> Option<Arc<Fence>> {
+    /// The fence `id`, with its Feature text.
+    pub fn get(&self, id: &str) -> Option<Stored> {
         self.read().get(id).cloned()
     }
 
     /// Every fence, sorted by id.
     pub fn list(&self) -> Vec<Arc<Fence>> {
-        self.read().values().cloned().collect()
+        self.read().values().map(|s| s.fence.clone()).collect()
+    }
+
+    /// Up to `limit` fences with ids after `after` (from the first without), sorted by id.
+    pub fn page(&self, after: Option<&str>, limit: usize) -> Vec<Stored> {
+        use std::ops::Bound;
+        let from = after.map_or(Bound::Unbounded, |a| Bound::Excluded(a.to_string()));
+        self.read()
+            .range((from, Bound::Unbounded))
+            .take(limit)
+            .map(|(_, s)| s.clone())
+            .collect()
     }
 
     /// How many fences there are.
@@ -162,14 +192,18 @@ impl FenceRegistry {
             }
             created
         };
-        let fences: Vec<Arc<Fence>> = fences.into_iter().map(Arc::new).collect();
+        let fences: Vec<Stored> = fences
+            .into_iter()
+            .map(|f| Stored::new(Arc::new(f)))
+            .collect();
         self.persist(put_step(&fences)).await?;
         let n = fences.len();
-        for f in fences {
+        for s in fences {
+            let f = s.fence.clone();
             self.read
                 .write()
                 .unwrap_or_else(|p| p.into_inner())
-                .insert(f.id.to_string(), f.clone());
+                .insert(f.id.to_string(), s);
             self.shards
                 .upsert_fence(f)
                 .await
@@ -209,7 +243,7 @@ impl FenceRegistry {
     /// shards and the read copy already hold them.
     pub async fn persist_all(&self) -> Result<(), FenceWriteError> {
         let _guard = self.write.lock().await;
-        let fences = self.list();
+        let fences: Vec<Stored> = self.read().values().cloned().collect();
         if fences.is_empty() {
             return Ok(());
         }
@@ -233,14 +267,11 @@ impl FenceRegistry {
 }
 
 /// The publisher step that stores `fences` (as their normalized GeoJSON Feature text).
-fn put_step(fences: &[Arc<Fence>]) -> Step {
+fn put_step(fences: &[Stored]) -> Step {
     Step {
         fences_put: fences
             .iter()
-            .map(|f| {
-                let text = serde_json::to_string(&f.to_feature()).unwrap_or_default();
-                (f.id.to_string(), text)
-            })
+            .map(|s| (s.fence.id.to_string(), s.json.to_string()))
             .collect(),
         ..Step::default()
     }

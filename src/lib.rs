@@ -22,15 +22,21 @@
 //! - [`store`]: the embedded redb store.
 //! - [`http`]: the HTTP / WebSocket interface; [`auth`]: API keys.
 //! - [`telemetry`]: metric names and tracing.
+//! - [`outbound`]: where outgoing connections may go (no SSRF).
+//! - [`budget`]: the memory budget for queued input; [`machine`]: the limits read off the
+//!   machine at start.
 
 pub mod auth;
 pub mod boot;
+pub mod budget;
 pub mod clock;
 pub mod config;
 pub mod events;
 pub mod fences;
 pub mod http;
 pub mod ingest;
+pub mod machine;
+pub mod outbound;
 pub mod service;
 pub mod shard;
 pub mod state;

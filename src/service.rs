@@ -26,6 +26,7 @@ use crate::clock::{WallClock, Watermark};
 use crate::config::{Config, Durability};
 use crate::events::publisher::{self, CommitPolicy, PublisherCfg};
 use crate::fences::FenceRegistry;
+use crate::http::server::ServerLimits;
 use crate::ingest::Ingest;
 use crate::shard::{self, ShardCtx};
 use crate::state::{AppState, Parts};
@@ -95,8 +96,16 @@ impl Service {
             max_seen,
             restored_w,
         ));
-        let webhooks = Webhooks::start(&cfg.webhooks, store.clone(), log.clone(), &trigger)
-            .map_err(ServiceError::Webhooks)?;
+        let webhooks = Webhooks::start(
+            &cfg.webhooks,
+            store.clone(),
+            log.clone(),
+            crate::outbound::TargetPolicy {
+                allow_private: cfg.allow_private_targets,
+            },
+            &trigger,
+        )
+        .map_err(ServiceError::Webhooks)?;
         let publisher_stop = CancellationToken::new();
         let (publisher, publisher_task) = publisher::spawn(
             PublisherCfg {
@@ -156,12 +165,32 @@ impl Service {
                 "state restored"
             );
         }
+        let open_files = crate::machine::raise_open_files();
+        let max_connections = match cfg.max_connections {
+            0 => open_files.map_or(1024, crate::machine::default_max_connections),
+            n => n,
+        };
+        let queued_bytes = match cfg.max_queued_bytes {
+            0 => crate::machine::default_queued_bytes(crate::machine::memory_bytes()),
+            n => n,
+        };
+        tracing::info!(
+            open_files = open_files.map_or("unknown".to_string(), |n| n.to_string()),
+            max_connections,
+            max_queued_bytes = queued_bytes,
+            max_devices = cfg.max_devices,
+            max_subscribers = cfg.max_subscribers,
+            "limits"
+        );
+        metrics::gauge!(telemetry::HTTP_CONNECTIONS_MAX).set(max_connections as f64);
+        metrics::gauge!(telemetry::DEVICES_MAX).set(cfg.max_devices as f64);
+        metrics::gauge!(telemetry::SUBSCRIBERS_MAX).set(cfg.max_subscribers as f64);
+        let budget = crate::budget::MemoryBudget::new(queued_bytes);
         let limits = FixLimits {
             max_device_len: cfg.max_device_len,
-            max_future: match cfg.clock {
-                crate::config::ClockMode::Live => Some(cfg.max_future),
-                crate::config::ClockMode::Event => None,
-            },
+            // Both clock modes: a replay or backfill lies in the past, and one fix from the far
+            // future would move an event-mode watermark past all real input for good.
+            max_future: Some(cfg.max_future),
         };
         let state = Arc::new(AppState::new(Parts {
             ingest: Ingest::new(limits, watermark.clone(), shards.clone()),
@@ -172,6 +201,7 @@ impl Service {
             watermark,
             metrics,
             shutdown: trigger.clone(),
+            budget,
             cfg: cfg.clone(),
         }));
         tracing::info!(%addr, shards = cfg.shards, clock = %cfg.clock, lateness = %cfg.lateness, durability = %cfg.durability, fences = fences.len(), "geodwell listening");
@@ -190,7 +220,12 @@ impl Service {
             store: store.as_ref().map(Arc::downgrade),
         };
         let router = http::router(state.clone());
-        let task = tokio::spawn(serve(listener, router, stopping));
+        let server_limits = ServerLimits {
+            max_connections,
+            header_timeout: millis(cfg.header_timeout),
+            write_timeout: millis(cfg.write_timeout),
+        };
+        let task = tokio::spawn(serve(listener, router, server_limits, stopping));
         Ok(Service {
             addr,
             state,
@@ -264,15 +299,17 @@ struct Stopping {
 async fn serve(
     listener: TcpListener,
     router: axum::Router,
+    limits: ServerLimits,
     s: Stopping,
 ) -> Result<(), ServiceError> {
-    let mut server = Box::pin(
-        axum::serve(listener, router)
-            .with_graceful_shutdown(s.trigger.clone().cancelled_owned())
-            .into_future(),
-    );
+    let mut server = Box::pin(crate::http::server::serve(
+        listener,
+        router,
+        limits,
+        s.trigger.clone(),
+    ));
     let mut served = tokio::select! {
-        r = &mut server => Some(r),
+        () = &mut server => Some(()),
         _ = s.trigger.cancelled() => None,
     };
     // Whoever cancelled without a deadline (an error path) gets the configured grace.
@@ -284,7 +321,7 @@ async fn serve(
     let mut aborted: Vec<&str> = Vec::new();
     if served.is_none() {
         served = match tokio::time::timeout_at(deadline, &mut server).await {
-            Ok(r) => Some(r),
+            Ok(()) => Some(()),
             Err(_) => {
                 aborted.push("in-flight HTTP requests");
                 None
@@ -346,10 +383,12 @@ async fn serve(
             "geodwell stopped at the shutdown deadline; what was still running was aborted"
         );
     }
-    match served {
-        Some(r) => r.map_err(ServiceError::Io),
-        None => Ok(()),
-    }
+    let _ = served;
+    Ok(())
+}
+
+fn millis(d: geodwell_core::time::Dur) -> Duration {
+    Duration::from_millis(d.millis().max(1) as u64)
 }
 
 /// Says loudly when authentication is off; louder when the address is reachable from other

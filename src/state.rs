@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::auth::Keys;
+use crate::budget::MemoryBudget;
 use crate::clock::Watermark;
 use crate::config::Config;
 use crate::events::EventLog;
@@ -32,6 +33,9 @@ pub struct AppState {
     metrics: PrometheusHandle,
     shutdown: CancellationToken,
     tasks: TaskTracker,
+    budget: MemoryBudget,
+    subscribers: Arc<tokio::sync::Semaphore>,
+    ingest_sockets: Arc<tokio::sync::Semaphore>,
 }
 
 /// The parts an [`AppState`] is made of (see `crate::service`, which builds them).
@@ -55,12 +59,17 @@ pub struct Parts {
     pub metrics: PrometheusHandle,
     /// Cancelled when shutdown starts.
     pub shutdown: CancellationToken,
+    /// The memory budget for queued input.
+    pub budget: MemoryBudget,
 }
 
 impl AppState {
     /// Assembles the state; API keys come from `parts.cfg`.
     pub fn new(parts: Parts) -> AppState {
         AppState {
+            subscribers: Arc::new(tokio::sync::Semaphore::new(parts.cfg.max_subscribers)),
+            ingest_sockets: Arc::new(tokio::sync::Semaphore::new(parts.cfg.max_ws_connections)),
+            budget: parts.budget,
             auth: Keys::new(parts.cfg.api_keys.clone()),
             cfg: parts.cfg,
             ingest: parts.ingest,
@@ -128,6 +137,23 @@ impl AppState {
     /// Whether shutdown has started.
     pub fn is_shutting_down(&self) -> bool {
         self.shutdown.is_cancelled()
+    }
+
+    /// The memory budget for queued input.
+    pub fn budget(&self) -> &MemoryBudget {
+        &self.budget
+    }
+
+    /// A place for one more event subscriber (`events.max_subscribers`), held while it is
+    /// connected; `None` when all are taken.
+    pub fn subscriber_slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.subscribers.clone().try_acquire_owned().ok()
+    }
+
+    /// A place for one more ingest WebSocket (`ingest.max_ws_connections`), held while it is
+    /// connected; `None` when all are taken.
+    pub fn ingest_socket_slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.ingest_sockets.clone().try_acquire_owned().ok()
     }
 
     /// The tracker of WebSocket tasks: shutdown waits for them to finish.

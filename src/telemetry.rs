@@ -44,11 +44,38 @@ pub const SUBSCRIBERS: &str = "geodwell_subscribers";
 pub const SUBSCRIBERS_LAGGED: &str = "geodwell_subscribers_lagged_total";
 /// Events sent to subscribers.
 pub const SUBSCRIBER_EVENTS_SENT: &str = "geodwell_subscriber_events_sent_total";
-/// HTTP requests, by matched `route`, `method` and `status`.
 /// Requests refused by authentication, by `reason` (missing, invalid, forbidden).
 pub const AUTH_FAILURES: &str = "geodwell_auth_failures_total";
-/// HTTP requests by route, method and status.
+/// HTTP requests by route template, method (a known one or `other`) and status class.
 pub const HTTP_REQUESTS: &str = "geodwell_http_requests_total";
+/// Open client connections (WebSockets included).
+pub const HTTP_CONNECTIONS: &str = "geodwell_http_connections";
+/// Client connections accepted.
+pub const HTTP_CONNECTIONS_ACCEPTED: &str = "geodwell_http_connections_accepted_total";
+/// Connections asked to close to make room at the connection limit.
+pub const HTTP_CONNECTIONS_EVICTED: &str = "geodwell_http_connections_evicted_total";
+/// Connections refused at the limit (nothing could be asked to close).
+pub const HTTP_CONNECTIONS_REFUSED: &str = "geodwell_http_connections_refused_total";
+/// Failed accepts (e.g. out of file descriptors).
+pub const HTTP_ACCEPT_ERRORS: &str = "geodwell_http_accept_errors_total";
+/// Connections or requests ended by a timeout, by `kind` (`header`, `body`, `write`).
+pub const HTTP_TIMEOUTS: &str = "geodwell_http_timeouts_total";
+/// Requests refused because their page's origin is not allowed.
+pub const HTTP_ORIGIN_REFUSED: &str = "geodwell_http_origin_refused_total";
+/// Bytes of queued input held in the memory budget now.
+pub const INGEST_QUEUED_BYTES: &str = "geodwell_ingest_queued_bytes";
+/// The memory budget for queued input, bytes.
+pub const INGEST_QUEUED_BYTES_MAX: &str = "geodwell_ingest_queued_bytes_max";
+/// Requests and frames refused because the memory budget was in use.
+pub const INGEST_BUDGET_REFUSED: &str = "geodwell_ingest_budget_refused_total";
+/// Most devices held (`ingest.max_devices`).
+pub const DEVICES_MAX: &str = "geodwell_devices_max";
+/// Most event subscribers (`events.max_subscribers`).
+pub const SUBSCRIBERS_MAX: &str = "geodwell_subscribers_max";
+/// Open connections allowed (`server.max_connections`, resolved).
+pub const HTTP_CONNECTIONS_MAX: &str = "geodwell_http_connections_max";
+/// Outgoing connections refused because the target is not a public address.
+pub const OUTBOUND_REFUSED: &str = "geodwell_outbound_refused_total";
 /// HTTP request duration, seconds, by matched `route`.
 pub const HTTP_REQUEST_SECONDS: &str = "geodwell_http_request_duration_seconds";
 /// Events held in the event log.
@@ -118,6 +145,20 @@ pub fn install() -> PrometheusHandle {
             for reason in ["missing", "invalid", "forbidden"] {
                 metrics::counter!(AUTH_FAILURES, "reason" => reason).absolute(0);
             }
+            for kind in ["header", "body", "write"] {
+                metrics::counter!(HTTP_TIMEOUTS, "kind" => kind).absolute(0);
+            }
+            for c in [
+                HTTP_CONNECTIONS_ACCEPTED,
+                HTTP_CONNECTIONS_EVICTED,
+                HTTP_CONNECTIONS_REFUSED,
+                HTTP_ACCEPT_ERRORS,
+                HTTP_ORIGIN_REFUSED,
+                INGEST_BUDGET_REFUSED,
+                OUTBOUND_REFUSED,
+            ] {
+                metrics::counter!(c).absolute(0);
+            }
             handle
         })
         .clone()
@@ -167,6 +208,58 @@ fn describe() {
         HTTP_REQUEST_SECONDS,
         Unit::Seconds,
         "HTTP request duration."
+    );
+    describe_gauge!(
+        HTTP_CONNECTIONS,
+        "Open client connections (WebSockets included)."
+    );
+    describe_gauge!(
+        HTTP_CONNECTIONS_MAX,
+        "Open client connections allowed (server.max_connections, resolved at start)."
+    );
+    describe_counter!(HTTP_CONNECTIONS_ACCEPTED, "Client connections accepted.");
+    describe_counter!(
+        HTTP_CONNECTIONS_EVICTED,
+        "Connections asked to close to make room at the connection limit (the oldest speaking HTTP)."
+    );
+    describe_counter!(
+        HTTP_CONNECTIONS_REFUSED,
+        "Connections refused at the limit because every open one was a WebSocket."
+    );
+    describe_counter!(
+        HTTP_ACCEPT_ERRORS,
+        "Failed accepts (e.g. out of file descriptors)."
+    );
+    describe_counter!(
+        HTTP_TIMEOUTS,
+        "Connections or requests ended by a timeout: header (request head, idle keep-alive), body, write."
+    );
+    describe_counter!(
+        HTTP_ORIGIN_REFUSED,
+        "Requests refused because the page's origin is not allowed (server.cors_origins)."
+    );
+    describe_gauge!(
+        INGEST_QUEUED_BYTES,
+        Unit::Bytes,
+        "Bytes of queued input (bodies, frames, batches waiting for the shards) held in the memory budget."
+    );
+    describe_gauge!(
+        INGEST_QUEUED_BYTES_MAX,
+        Unit::Bytes,
+        "The memory budget for queued input (ingest.max_queued_bytes, resolved at start)."
+    );
+    describe_counter!(
+        INGEST_BUDGET_REFUSED,
+        "Requests and frames answered 503 because the memory budget was in use."
+    );
+    describe_gauge!(DEVICES_MAX, "Most devices held (ingest.max_devices).");
+    describe_gauge!(
+        SUBSCRIBERS_MAX,
+        "Most event subscribers at once (events.max_subscribers)."
+    );
+    describe_counter!(
+        OUTBOUND_REFUSED,
+        "Outgoing connections (webhook deliveries) refused because the target is not a public address."
     );
     describe_gauge!(EVENT_LOG_EVENTS, "Events held in the event log.");
     describe_gauge!(FENCES, "Fences loaded.");

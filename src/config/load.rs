@@ -117,6 +117,18 @@ impl Config {
                         continue;
                     }
                     let val = match v {
+                        // `server.cors_origins`: an array of strings, read as the environment's
+                        // comma-separated form.
+                        toml::Value::Array(a)
+                            if k == "cors_origins" && a.iter().all(toml::Value::is_str) =>
+                        {
+                            Val::Str(
+                                a.iter()
+                                    .filter_map(toml::Value::as_str)
+                                    .collect::<Vec<_>>()
+                                    .join(","),
+                            )
+                        }
                         toml::Value::String(s) => Val::Str(s.clone()),
                         toml::Value::Boolean(b) => Val::Str(b.to_string()),
                         toml::Value::Integer(i) => Val::Int(*i),
@@ -187,6 +199,12 @@ impl Config {
             shards: b.count("shards"),
             data_dir: b.path("data_dir").unwrap_or_default(),
             shutdown_grace: b.dur("shutdown_grace"),
+            max_connections: b.count("max_connections"),
+            header_timeout: b.dur("header_timeout"),
+            body_timeout: b.dur("body_timeout"),
+            write_timeout: b.dur("write_timeout"),
+            cors_origins: b.origins("cors_origins"),
+            allow_private_targets: b.bool("allow_private_targets"),
             clock: b.clock("clock"),
             lateness: b.dur("lateness"),
             max_future: b.dur("max_future"),
@@ -195,15 +213,20 @@ impl Config {
             fences_file: b.preload("fences_file"),
             max_fences: b.count("max_fences"),
             max_vertices: b.count("max_vertices"),
+            max_tags_bytes: b.count("max_tags_bytes"),
             max_body_bytes: b.count("max_body_bytes"),
             max_batch: b.count("max_batch"),
             max_device_len: b.count("max_device_len"),
             max_buffered_per_device: b.count("max_buffered_per_device"),
+            max_queued_bytes: b.count("max_queued_bytes"),
+            max_devices: b.count("max_devices"),
+            max_ws_connections: b.count("max_ws_connections"),
             shard_queue: b.count("shard_queue"),
             log_capacity: b.count("log_capacity"),
             log_max_age: b.dur("log_max_age"),
             subscriber_queue: b.count("subscriber_queue"),
             max_poll_limit: b.count("max_poll_limit"),
+            max_subscribers: b.count("max_subscribers"),
             durability: b.durability("durability"),
             commit_interval: b.dur("commit_interval"),
             webhooks: Vec::new(),

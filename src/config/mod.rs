@@ -64,6 +64,20 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// Graceful shutdown budget.
     pub shutdown_grace: Dur,
+    /// Most open connections; 0 = derived from the open-files limit at start
+    /// ([`crate::machine`]).
+    pub max_connections: usize,
+    /// Longest wait for a request head (also bounds an idle keep-alive connection).
+    pub header_timeout: Dur,
+    /// Longest time a request body may take from its first byte to its last.
+    pub body_timeout: Dur,
+    /// Longest time one write to a client may stay blocked.
+    pub write_timeout: Dur,
+    /// Browser origins allowed besides the server's own (`["*"]`: any); empty = none.
+    pub cors_origins: Vec<String>,
+    /// Whether webhook targets may be loopback, private, link-local or otherwise non-public
+    /// addresses.
+    pub allow_private_targets: bool,
     /// Watermark mode.
     pub clock: ClockMode,
     /// Allowed arrival disorder.
@@ -80,6 +94,8 @@ pub struct Config {
     pub max_fences: usize,
     /// Most positions per fence.
     pub max_vertices: usize,
+    /// Largest fence `tags` value, in bytes of compact JSON.
+    pub max_tags_bytes: usize,
     /// Largest request body.
     pub max_body_bytes: usize,
     /// Most fixes per request / frame.
@@ -88,6 +104,13 @@ pub struct Config {
     pub max_device_len: usize,
     /// Reorder buffer bound per device.
     pub max_buffered_per_device: usize,
+    /// Memory budget for queued input, bytes; 0 = derived from the machine's memory at start
+    /// ([`crate::machine`]).
+    pub max_queued_bytes: usize,
+    /// Most devices held (each shard holds at most its share, rounded up).
+    pub max_devices: usize,
+    /// Most open ingest WebSockets.
+    pub max_ws_connections: usize,
     /// Queued batches per shard.
     pub shard_queue: usize,
     /// Event log length bound.
@@ -98,6 +121,8 @@ pub struct Config {
     pub subscriber_queue: usize,
     /// Largest poll `limit`.
     pub max_poll_limit: usize,
+    /// Most event subscribers (WebSockets) at once.
+    pub max_subscribers: usize,
     /// How state is persisted.
     pub durability: Durability,
     /// async durability: longest time between commits.

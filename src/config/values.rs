@@ -32,6 +32,9 @@ pub(super) enum Kind {
     OptText,
     /// `true` / `false`.
     Bool,
+    /// Browser origins: an array of `scheme://host[:port]` strings (or one comma-separated
+    /// string, as the environment gives it); `*` alone allows every origin.
+    Origins,
     /// API keys: an array of `{name, scopes, key | key_sha256}` tables in the file, or
     /// `name:scope+scope:key,...` in the environment.
     Keys,
@@ -44,6 +47,23 @@ pub(super) const SCHEMA: &[(&str, &str, Kind)] = &[
     ("server", "shards", Kind::Count { min: 0, max: 1024 }),
     ("server", "data_dir", Kind::Path),
     ("server", "shutdown_grace", Kind::Duration { zero_ok: true }),
+    (
+        "server",
+        "max_connections",
+        Kind::Count {
+            min: 0,
+            max: 10_000_000,
+        },
+    ),
+    (
+        "server",
+        "header_timeout",
+        Kind::Duration { zero_ok: false },
+    ),
+    ("server", "body_timeout", Kind::Duration { zero_ok: false }),
+    ("server", "write_timeout", Kind::Duration { zero_ok: false }),
+    ("server", "cors_origins", Kind::Origins),
+    ("server", "allow_private_targets", Kind::Bool),
     ("time", "clock", Kind::Clock),
     ("time", "lateness", Kind::Duration { zero_ok: true }),
     ("time", "max_future", Kind::Duration { zero_ok: true }),
@@ -74,6 +94,14 @@ pub(super) const SCHEMA: &[(&str, &str, Kind)] = &[
         },
     ),
     (
+        "fences",
+        "max_tags_bytes",
+        Kind::Count {
+            min: 2,
+            max: 1 << 24,
+        },
+    ),
+    (
         "ingest",
         "max_body_bytes",
         Kind::Count {
@@ -97,6 +125,30 @@ pub(super) const SCHEMA: &[(&str, &str, Kind)] = &[
     (
         "ingest",
         "max_buffered_per_device",
+        Kind::Count {
+            min: 1,
+            max: 1_000_000,
+        },
+    ),
+    (
+        "ingest",
+        "max_queued_bytes",
+        Kind::Count {
+            min: 0,
+            max: 1 << 40,
+        },
+    ),
+    (
+        "ingest",
+        "max_devices",
+        Kind::Count {
+            min: 1,
+            max: 1 << 31,
+        },
+    ),
+    (
+        "ingest",
+        "max_ws_connections",
         Kind::Count {
             min: 1,
             max: 1_000_000,
@@ -139,6 +191,14 @@ pub(super) const SCHEMA: &[(&str, &str, Kind)] = &[
         Kind::Count {
             min: 1,
             max: 10_000_000,
+        },
+    ),
+    (
+        "events",
+        "max_subscribers",
+        Kind::Count {
+            min: 1,
+            max: 1_000_000,
         },
     ),
     ("ui", "map_tile_url", Kind::TileUrl),
@@ -191,6 +251,26 @@ fn check_tile_url(url: &str) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// An origin as browsers send it: `http(s)://host[:port]`, lower-cased, without a trailing
+/// slash or path.
+fn check_origin(o: &str) -> Result<String, String> {
+    if o == "*" {
+        return Ok(o.to_string());
+    }
+    let lower = o.trim_end_matches('/').to_ascii_lowercase();
+    let rest = lower
+        .strip_prefix("https://")
+        .or_else(|| lower.strip_prefix("http://"))
+        .ok_or("an origin starts with http:// or https://")?;
+    if rest.is_empty()
+        || rest.contains(['/', '?', '#', '@'])
+        || rest.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err("an origin is scheme://host[:port], with no path, query or user".into());
+    }
+    Ok(lower)
 }
 
 pub(super) struct Builder<'a> {
@@ -429,6 +509,28 @@ impl Builder<'_> {
             self.fail(name.to_string(), "two keys have the same secret".into());
         }
         keys
+    }
+
+    /// Browser origins (`scheme://host[:port]`, no path), or `["*"]` for every origin.
+    pub(super) fn origins(&mut self, key: &str) -> Vec<String> {
+        let Some((name, v, _)) = self.get(key) else {
+            return Vec::new();
+        };
+        let text = match v {
+            Val::Str(s) => s,
+            Val::Int(i) => i.to_string(),
+        };
+        let mut out = Vec::new();
+        for o in text.split(',').map(str::trim).filter(|o| !o.is_empty()) {
+            match check_origin(o) {
+                Ok(o) => out.push(o),
+                Err(why) => self.fail(name.clone(), format!("{why}, got {o:?}")),
+            }
+        }
+        if out.len() > 1 && out.iter().any(|o| o == "*") {
+            self.fail(name, "\"*\" allows every origin and stands alone".into());
+        }
+        out
     }
 
     pub(super) fn opt_text(&mut self, key: &str) -> Option<String> {

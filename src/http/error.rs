@@ -103,7 +103,8 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+    /// An error with this status, code and message.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
         ApiError {
             status,
             code,
@@ -152,6 +153,26 @@ impl ApiError {
                 "overloaded",
                 "ingest queues are full; retry after the indicated delay",
             )
+        }
+    }
+
+    /// 503 with `Retry-After: 1`: the ingest memory budget is in use by other requests.
+    pub fn budget_exhausted() -> ApiError {
+        ApiError {
+            retry_after: Some(1),
+            ..ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded",
+                "the memory budget for queued input is in use; retry after the indicated delay",
+            )
+        }
+    }
+
+    /// 503 with `Retry-After: 5`: a bounded resource (subscribers, sockets) is all in use.
+    pub fn unavailable(code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            retry_after: Some(5),
+            ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, code, message)
         }
     }
 

@@ -16,8 +16,7 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade, close_code};
 use axum::extract::{Query, State};
-use axum::http::header;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use futures_util::{SinkExt, StreamExt};
 use metrics::{counter, gauge};
 use serde::Serialize;
@@ -65,36 +64,39 @@ impl Serialize for RawEvent {
 }
 
 impl EventsPage {
-    /// `serde_json::to_string(self)`, written by hand: the events' text is copied, not parsed.
+    /// The answer's text before its events.
+    const HEAD: &'static str = "{\"events\":[";
+
+    /// The answer's text after its events: the same fields, in the same order, as serializing
+    /// the page gives.
+    fn tail(next_seq: u64, first_seq: u64, head_seq: u64, missed: bool) -> String {
+        format!(
+            "],\"next_seq\":{next_seq},\"first_seq\":{first_seq},\"head_seq\":{head_seq},\"missed\":{missed}}}"
+        )
+    }
+
+    /// `serde_json::to_string(self)`, written the way [`poll`] streams it: the events' text is
+    /// copied, not parsed.
     pub fn to_json(&self) -> String {
-        let events: usize = self.events.iter().map(|e| e.0.len() + 1).sum();
-        let mut body = String::with_capacity(128 + events);
-        body.push_str("{\"events\":[");
+        let mut body = String::from(Self::HEAD);
         for (i, e) in self.events.iter().enumerate() {
             if i > 0 {
                 body.push(',');
             }
             body.push_str(&e.0);
         }
-        let EventsPage {
-            events: _,
-            next_seq,
-            first_seq,
-            head_seq,
-            missed,
-        } = self;
-        body.push_str(&format!(
-            "],\"next_seq\":{next_seq},\"first_seq\":{first_seq},\"head_seq\":{head_seq},\"missed\":{missed}}}"
+        body.push_str(&Self::tail(
+            self.next_seq,
+            self.first_seq,
+            self.head_seq,
+            self.missed,
         ));
         body
     }
 }
 
-impl IntoResponse for EventsPage {
-    fn into_response(self) -> Response {
-        ([(header::CONTENT_TYPE, "application/json")], self.to_json()).into_response()
-    }
-}
+/// Events read from the log per piece of a streamed poll answer.
+const POLL_PIECE: usize = 256;
 
 /// The frames of `GET /v1/events/ws` that are not events. Not in the OpenAPI document, which
 /// cannot describe WebSocket messages; `docs/semantics.md` section 4.6 does.
@@ -163,7 +165,7 @@ pub(crate) fn check_known(q: &HashMap<String, String>, known: &[&str]) -> Result
 pub async fn poll(
     State(st): State<Arc<AppState>>,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
-) -> Result<EventsPage, ApiError> {
+) -> Result<Response, ApiError> {
     let Query(q) = query?;
     check_known(&q, &["from_seq", "limit"])?;
     let from = parse_u64(&q, "from_seq")?.unwrap_or(0);
@@ -174,16 +176,58 @@ pub async fn poll(
             format!("limit must be in 1..={}", st.config().max_poll_limit),
         ));
     }
-    let r = st.log().read(from, limit);
-    let next_seq = r.events.last().map_or(from.max(r.first_seq), |e| e.seq + 1);
-    Ok(EventsPage {
-        // Events older than the log's JSON cache are rendered here, outside the log's lock.
-        events: r.events.iter().map(|e| RawEvent(e.json())).collect(),
-        next_seq,
-        first_seq: r.first_seq,
-        head_seq: r.next_seq,
-        missed: from < r.first_seq && from != 0,
-    })
+    // The answer is streamed: the log is read a piece at a time as the client takes the text
+    // (events older than the log's JSON cache are rendered then, outside the log's lock), so a
+    // page of any size costs one piece of memory. The page covers the events up to the head
+    // seen now; if retention overtakes the page while it is written, the page ends early and
+    // its `next_seq` says where to go on (that poll then reports `missed`).
+    let held = st.log().read(from, 0);
+    let (first_seq, head_seq) = (held.first_seq, held.next_seq);
+    let missed = from < first_seq && from != 0;
+    struct Page {
+        log: Arc<crate::events::EventLog>,
+        next: u64,
+        end: u64,
+        started: bool,
+        done: bool,
+    }
+    let start = from.max(first_seq);
+    let page = Page {
+        log: st.log().clone(),
+        next: start,
+        end: start.saturating_add(limit as u64).min(head_seq.max(start)),
+        started: false,
+        done: false,
+    };
+    Ok(crate::http::stream::json(page, move |p| {
+        if p.done {
+            return None;
+        }
+        let mut piece = String::new();
+        if !p.started {
+            p.started = true;
+            piece.push_str(EventsPage::HEAD);
+        }
+        while piece.len() < crate::http::stream::PIECE_BYTES && p.next < p.end {
+            let want = POLL_PIECE.min((p.end - p.next) as usize);
+            let r = p.log.read(p.next, want);
+            if r.events.first().map(|e| e.seq) != Some(p.next) {
+                break; // retention overtook the page
+            }
+            for e in &r.events {
+                if e.seq > start {
+                    piece.push(',');
+                }
+                piece.push_str(&e.json());
+            }
+            p.next += r.events.len() as u64;
+        }
+        if piece.len() < crate::http::stream::PIECE_BYTES || p.next >= p.end {
+            p.done = true;
+            piece.push_str(&EventsPage::tail(p.next, first_seq, head_seq, missed));
+        }
+        Some(piece)
+    }))
 }
 
 /// Parses `types=enter,dwell`, `fence=<glob>`, `device=<id>` into the one event filter.
@@ -232,6 +276,7 @@ pub fn parse_filter(q: &HashMap<String, String>) -> Result<EventFilter, ApiError
     responses(
         (status = 101, description = "Switching to WebSocket"),
         (status = 400, description = "Bad request", body = ErrorBody), Refused,
+        (status = 503, description = "As many subscribers as `events.max_subscribers` allows are connected (Retry-After)", body = ErrorBody),
     ))]
 pub async fn subscribe(
     State(st): State<Arc<AppState>>,
@@ -243,13 +288,29 @@ pub async fn subscribe(
     let from = parse_u64(&q, "from_seq")?;
     let filter = parse_filter(&q)?;
     let ws = ws.map_err(ApiError::from)?;
+    let slot = st.subscriber_slot().ok_or_else(|| {
+        ApiError::unavailable(
+            "too_many_subscribers",
+            format!(
+                "{} event subscribers are connected, the most allowed (events.max_subscribers)",
+                st.config().max_subscribers
+            ),
+        )
+    })?;
     // A start older than the log holds is clamped to the oldest event held; when the client
     // asked for a specific seq that is gone, its first frame says which range it missed.
     let held = st.log().read(0, 0);
     let start = from.unwrap_or(held.next_seq).max(held.first_seq);
     let gap = from.filter(|&f| f > 0 && f < held.first_seq);
     let tasks = st.tasks().clone();
+    // A subscriber only reads control frames and sends one event at a time: small buffers keep
+    // an idle one at a few kB instead of the 128 kB each of tungstenite's defaults.
+    let ws = ws
+        .read_buffer_size(4 * 1024)
+        .write_buffer_size(16 * 1024)
+        .max_message_size(64 * 1024);
     Ok(ws.on_upgrade(move |socket| async move {
+        let _slot = slot;
         // Tracked so that shutdown waits for the goodbye frame.
         tasks
             .spawn(run_subscriber(

@@ -4,19 +4,19 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::openapi::{RefOr, schema::Schema};
 use utoipa::{PartialSchema, ToSchema};
 
 use crate::fences::FenceWriteError;
 use crate::http::auth::Refused;
+use crate::http::body::{self, Accept};
 use crate::http::error::{ApiError, ErrorBody, ErrorDetails, FenceProblem};
-use crate::http::fixes::body_or_error;
 use crate::http::openapi::{FenceBody, FenceCollection, FenceFeature};
 use crate::ingest::BatchError;
 use crate::state::AppState;
@@ -123,19 +123,22 @@ impl From<FenceWriteError> for ApiError {
         (status = 200, description = "Replaced; the normalized fence", body = FenceOut),
         (status = 201, description = "Created; the normalized fence", body = FenceOut),
         (status = 400, description = "Bad request", body = ErrorBody), Refused,
+        (status = 408, description = "The body did not arrive within `server.body_timeout`", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 415, description = "Not JSON", body = ErrorBody),
         (status = 422, description = "Not a valid fence", body = ErrorBody),
         (status = 503, description = "Overloaded, store unavailable or shutting down (Retry-After)", body = ErrorBody),
     ))]
 pub async fn put_fence(
     State(st): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
-    body: Result<Bytes, BytesRejection>,
+    headers: HeaderMap,
+    body: Body,
 ) -> Result<(StatusCode, Json<FenceOut>), ApiError> {
     let Path(id) = path?;
-    let body = body_or_error(body, st.config().max_body_bytes)?;
-    let text =
-        std::str::from_utf8(&body).map_err(|e| ApiError::bad_request("bad_body", e.to_string()))?;
+    let body = body::read(&headers, body, Accept::Json, &body::BodyLimits::of(&st)).await?;
+    let text = std::str::from_utf8(&body.bytes)
+        .map_err(|e| ApiError::bad_request("bad_body", e.to_string()))?;
     let feature = match parse_geojson(text)? {
         geojson::GeoJson::Feature(f) => f,
         _ => {
@@ -163,17 +166,20 @@ pub async fn put_fence(
     responses(
         (status = 201, description = "Written", body = FencesWritten),
         (status = 400, description = "Bad request", body = ErrorBody), Refused,
+        (status = 408, description = "The body did not arrive within `server.body_timeout`", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 415, description = "Not JSON", body = ErrorBody),
         (status = 422, description = "Not valid fences, or too many", body = ErrorBody),
         (status = 503, description = "Overloaded, store unavailable or shutting down (Retry-After)", body = ErrorBody),
     ))]
 pub async fn post_fences(
     State(st): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
+    headers: HeaderMap,
+    body: Body,
 ) -> Result<(StatusCode, Json<FencesWritten>), ApiError> {
-    let body = body_or_error(body, st.config().max_body_bytes)?;
-    let text =
-        std::str::from_utf8(&body).map_err(|e| ApiError::bad_request("bad_body", e.to_string()))?;
+    let body = body::read(&headers, body, Accept::Json, &body::BodyLimits::of(&st)).await?;
+    let text = std::str::from_utf8(&body.bytes)
+        .map_err(|e| ApiError::bad_request("bad_body", e.to_string()))?;
     let fences = st.fences().validate_geojson(&parse_geojson(text)?)?;
     let ids: Vec<String> = fences.iter().map(|f| f.id.to_string()).collect();
     let w = st.fences().put(fences).await?;
@@ -199,12 +205,17 @@ pub async fn post_fences(
 pub async fn get_fence(
     State(st): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
-) -> Result<Json<FenceOut>, ApiError> {
+) -> Result<Response, ApiError> {
     let Path(id) = path?;
     let f = st.fences().get(&id).ok_or_else(|| {
         ApiError::not_found("fence_not_found", format!("no fence with id {id:?}"))
     })?;
-    Ok(Json(FenceOut(f.to_feature())))
+    // The text rendered when the fence was written (what `Json(FenceOut(..))` would write).
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        f.json.to_string(),
+    )
+        .into_response())
 }
 
 /// `GET /v1/fences`: all fences as a FeatureCollection, sorted by id.
@@ -214,14 +225,49 @@ pub async fn get_fence(
         (status = 200, description = "The fences", body = FenceCollectionOut),
         Refused,
     ))]
-pub async fn list_fences(State(st): State<Arc<AppState>>) -> Json<FenceCollectionOut> {
-    let features: Vec<geojson::Feature> =
-        st.fences().list().iter().map(|f| f.to_feature()).collect();
-    Json(FenceCollectionOut(geojson::FeatureCollection {
-        bbox: None,
-        features,
-        foreign_members: None,
-    }))
+pub async fn list_fences(State(st): State<Arc<AppState>>) -> Response {
+    // Streamed a few fences at a time, in id order, as the client reads: 100,000 fences are
+    // tens of MB of text, which a client that reads slowly would otherwise hold in memory. A
+    // fence written while the answer is being read is in it if its id comes after the last one
+    // written out.
+    struct List {
+        st: Arc<AppState>,
+        after: Option<String>,
+        started: bool,
+        done: bool,
+    }
+    let list = List {
+        st,
+        after: None,
+        started: false,
+        done: false,
+    };
+    crate::http::stream::json(list, |l| {
+        if l.done {
+            return None;
+        }
+        let mut piece = String::new();
+        if !l.started {
+            l.started = true;
+            piece.push_str(r#"{"type":"FeatureCollection","features":["#);
+        }
+        while piece.len() < crate::http::stream::PIECE_BYTES {
+            let page = l.st.fences().page(l.after.as_deref(), 64);
+            for s in &page {
+                if l.after.is_some() {
+                    piece.push(',');
+                }
+                piece.push_str(&s.json);
+                l.after = Some(s.fence.id.to_string());
+            }
+            if page.len() < 64 {
+                l.done = true;
+                piece.push_str("]}");
+                break;
+            }
+        }
+        Some(piece)
+    })
 }
 
 /// `DELETE /v1/fences/{id}`: drops the fence, its pairs and their timers.

@@ -3,39 +3,22 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::State;
-use axum::extract::rejection::BytesRejection;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::HeaderMap;
 
 use crate::http::auth::Refused;
+use crate::http::body::{self, Accept};
 use crate::http::error::{ApiError, ErrorBody, ErrorDetails};
 use crate::http::openapi::FixBody;
 use crate::ingest::IngestReport;
 use crate::state::AppState;
 
-/// Reads a request body, mapping a too-large body to a JSON 413.
-pub fn body_or_error(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
-    body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::too_large(
-                "body_too_large",
-                format!("request body is larger than {limit} bytes"),
-            )
-        } else {
-            ApiError::bad_request("bad_body", e.body_text())
-        }
-    })
-}
-
 use crate::wire::{BatchShapeError, Item, read_batch, read_item};
 
 /// Splits a body into JSON items: NDJSON lines, array elements, or one object.
 pub fn items_of(headers: &HeaderMap, body: &[u8]) -> Result<Vec<Item>, ApiError> {
-    let ndjson = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| ct.contains("ndjson") || ct.contains("jsonl"));
+    let ndjson = body::media_type(headers).is_some_and(|mt| body::is_ndjson(&mt));
     if ndjson {
         let text = std::str::from_utf8(body).map_err(|e| {
             ApiError::bad_request("malformed_ndjson", format!("body is not UTF-8: {e}"))
@@ -98,19 +81,29 @@ pub fn check_batch(n: usize, max: usize) -> Result<(), ApiError> {
     responses(
         (status = 200, description = "Counts of accepted, late, duplicate and rejected fixes", body = crate::ingest::IngestReport),
         (status = 400, description = "Bad request", body = ErrorBody), Refused,
+        (status = 408, description = "The body did not arrive within `server.body_timeout`", body = ErrorBody),
         (status = 413, description = "Body or batch too large", body = ErrorBody),
+        (status = 415, description = "Not JSON or NDJSON", body = ErrorBody),
         (status = 422, description = "Every item was rejected", body = ErrorBody),
-        (status = 503, description = "Overloaded, store unavailable or shutting down (Retry-After)", body = ErrorBody),
+        (status = 503, description = "Overloaded (queues or the memory budget full), store unavailable or shutting down (Retry-After)", body = ErrorBody),
     ))]
 pub async fn post_fixes(
     State(st): State<Arc<AppState>>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<Json<IngestReport>, ApiError> {
-    let body = body_or_error(body, st.config().max_body_bytes)?;
-    let items = items_of(&headers, &body)?;
+    // The reservation is held until the answer: the batch counts while it waits for the shards.
+    let body = body::read(
+        &headers,
+        body,
+        Accept::JsonOrNdjson,
+        &body::BodyLimits::of(&st),
+    )
+    .await?;
+    let items = items_of(&headers, &body.bytes)?;
     check_batch(items.len(), st.config().max_batch)?;
     let fixes = st.ingest().parse(items);
     let report = st.ingest().submit("http", fixes).await?;
+    drop(body);
     report_response(report)
 }

@@ -3,7 +3,8 @@
 //! [`WINDOW`] frames are in the pipeline at once: a frame is dispatched to the shards while
 //! earlier ones wait for their commit, so one connection is not limited to one fsync per frame. A text frame that is
 //! not JSON gets an error frame and close code 1007; a binary frame gets close code 1003;
-//! overload closes with 1013 ("try again later"); shutdown with 1001.
+//! overload (full queues, or a frame that does not fit the memory budget) closes with 1013
+//! ("try again later"); shutdown with 1001. At most `ingest.max_ws_connections` are open.
 
 use std::sync::Arc;
 
@@ -17,6 +18,8 @@ use crate::http::error::{ApiError, ErrorBody};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesOrdered;
 
+use crate::budget::Reservation;
+use crate::http::body::HOLD_FACTOR;
 use crate::ingest::{BatchError, Dispatched, IngestReport};
 use crate::state::AppState;
 use crate::wire::{BatchShapeError, read_batch};
@@ -27,18 +30,29 @@ use crate::wire::{BatchShapeError, read_batch};
     responses(
         (status = 101, description = "Switching to WebSocket"),
         (status = 400, description = "Bad request", body = ErrorBody), Refused,
+        (status = 503, description = "As many ingest WebSockets as `ingest.max_ws_connections` allows are open (Retry-After)", body = ErrorBody),
     ))]
 pub async fn ingest_ws(
     State(st): State<Arc<AppState>>,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let ws = ws.map_err(ApiError::from)?;
+    let slot = st.ingest_socket_slot().ok_or_else(|| {
+        ApiError::unavailable(
+            "too_many_ingest_sockets",
+            format!(
+                "{} ingest WebSockets are open, the most allowed (ingest.max_ws_connections)",
+                st.config().max_ws_connections
+            ),
+        )
+    })?;
     let tasks = st.tasks().clone();
     let max = st.config().max_body_bytes;
     Ok(ws
         .max_message_size(max)
         .max_frame_size(max)
         .on_upgrade(move |socket| async move {
+            let _slot = slot;
             tasks.spawn(run(st, socket)).await.ok();
         }))
 }
@@ -63,8 +77,9 @@ const WINDOW: usize = 16;
 
 /// What one received frame asks for.
 enum FrameAction {
-    /// Dispatched to the shards; its answer comes in order.
-    Dispatched(Dispatched),
+    /// Dispatched to the shards, holding its share of the memory budget; its answer comes in
+    /// order.
+    Dispatched(Dispatched, Reservation),
     /// Answer at once (after the frames before it), keep the connection.
     Reply(Message),
     /// Answer at once and close.
@@ -100,7 +115,11 @@ async fn run(st: Arc<AppState>, mut socket: WebSocket) {
             m = socket.recv(), if inflight.len() < WINDOW => frame(&st, m),
         };
         match action {
-            FrameAction::Dispatched(p) => inflight.push_back(p.wait()),
+            FrameAction::Dispatched(p, held) => inflight.push_back(async move {
+                let r = p.wait().await;
+                drop(held);
+                r
+            }),
             FrameAction::Skip => {}
             FrameAction::Gone => {
                 // Let dispatched batches finish before the task ends (their outcome is already
@@ -202,6 +221,10 @@ fn frame(st: &AppState, msg: Option<Result<Message, axum::Error>>) -> FrameActio
         Some(Ok(Message::Close(_))) | None => return FrameAction::Gone,
         Some(Ok(_)) => return FrameAction::Skip,
     };
+    // The frame is in memory already; it counts from here until its answer.
+    let Ok(held) = st.budget().try_reserve(text.len() * HOLD_FACTOR) else {
+        return FrameAction::Fatal(batch_error(BatchError::Overloaded));
+    };
     let items = match read_batch(&text) {
         Ok(items) => items,
         Err(BatchShapeError::NotFixOrArray(_)) => {
@@ -228,7 +251,7 @@ fn frame(st: &AppState, msg: Option<Result<Message, axum::Error>>) -> FrameActio
     }
     let fixes = st.ingest().parse(items);
     match st.ingest().dispatch("ws", fixes) {
-        Ok(p) => FrameAction::Dispatched(p),
+        Ok(p) => FrameAction::Dispatched(p, held),
         Err(e) => FrameAction::Fatal(batch_error(e)),
     }
 }

@@ -3,6 +3,7 @@
 //! value its handler returns, and every failure goes through [`error::ApiError`].
 
 pub mod auth;
+pub mod body;
 pub mod devices;
 pub mod error;
 pub mod events;
@@ -11,6 +12,9 @@ pub mod fixes;
 pub mod ingest_ws;
 pub mod openapi;
 pub mod ops;
+pub mod origin;
+pub mod server;
+pub mod stream;
 pub mod trackers;
 pub mod ui;
 pub mod webhooks;
@@ -19,8 +23,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
-use axum::http::header;
+use axum::extract::{MatchedPath, Request};
+use axum::http::{Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -34,7 +38,6 @@ use error::ApiError;
 
 /// Builds the router over shared state.
 pub fn router(state: Arc<AppState>) -> Router {
-    let limit = state.config().max_body_bytes;
     let (documented, mut api) = documented_routes().split_for_parts();
     openapi::tune(&mut api, state.config());
     // Through a `Value`, whose maps sort their keys: the text keeps one order whatever utoipa's
@@ -43,7 +46,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .and_then(|v| serde_json::to_string_pretty(&v))
         .unwrap_or_default()
         .into();
-    documented
+    let router = documented
         .route(
             "/openapi.json",
             get(move || {
@@ -59,10 +62,18 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/", get(ui::index))
         .route("/ui/{*path}", get(ui::asset))
         .fallback(not_found)
-        .layer(DefaultBodyLimit::max(limit))
-        .layer(middleware::from_fn_with_state(state.clone(), auth::require))
+        .layer(middleware::from_fn_with_state(state.clone(), auth::require));
+    // Outermost last: every request is counted (`track`), an unknown method stops at once, then
+    // pages from other origins are turned away before CORS and authentication see them.
+    let router = match origin::cors(&state.config().cors_origins) {
+        Some(cors) => router.layer(cors),
+        None => router,
+    };
+    router
+        .layer(middleware::from_fn_with_state(state.clone(), origin::check))
         .layer(middleware::from_fn(method_not_allowed))
-        .layer(middleware::from_fn_with_state(state.clone(), track))
+        .layer(middleware::from_fn(known_method))
+        .layer(middleware::from_fn(track))
         .with_state(state)
 }
 
@@ -129,16 +140,61 @@ async fn not_found() -> Response {
     ApiError::not_found("no_route", "no such endpoint").into_response()
 }
 
-/// Counts requests by matched route (never the raw path: ids would explode the label set).
-async fn track(State(_st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+/// The methods the API knows; anything else is answered 501 before routing.
+const KNOWN_METHODS: [Method; 7] = [
+    Method::GET,
+    Method::HEAD,
+    Method::POST,
+    Method::PUT,
+    Method::DELETE,
+    Method::OPTIONS,
+    Method::PATCH,
+];
+
+/// The method as a metric label: one of [`KNOWN_METHODS`] or `other`, so that no request can
+/// add a series.
+fn method_label(m: &Method) -> &'static str {
+    KNOWN_METHODS
+        .iter()
+        .find(|k| *k == m)
+        .map_or("other", |k| k.as_str())
+}
+
+/// The status as a metric label: its class (`2xx` ... `5xx`).
+fn status_label(s: StatusCode) -> &'static str {
+    match s.as_u16() / 100 {
+        1 => "1xx",
+        2 => "2xx",
+        3 => "3xx",
+        4 => "4xx",
+        _ => "5xx",
+    }
+}
+
+/// 501 for a method the API does not know (`TRACE`, `CONNECT`, or any made-up token).
+async fn known_method(req: Request, next: Next) -> Response {
+    if KNOWN_METHODS.contains(req.method()) {
+        return next.run(req).await;
+    }
+    ApiError::new(
+        StatusCode::NOT_IMPLEMENTED,
+        "method_not_implemented",
+        "this server does not implement that method",
+    )
+    .into_response()
+}
+
+/// Counts requests by route template, method and status class: every label comes from a closed
+/// set (never the raw path, whose ids would explode the label set, nor the raw method).
+async fn track(req: Request, next: Next) -> Response {
     let route = req
         .extensions()
         .get::<MatchedPath>()
         .map_or("unmatched".to_string(), |m| m.as_str().to_string());
-    let method = req.method().as_str().to_string();
+    let method = method_label(req.method());
     let started = Instant::now();
     let resp = next.run(req).await;
-    metrics::counter!(t::HTTP_REQUESTS, "route" => route.clone(), "method" => method, "status" => resp.status().as_u16().to_string())
+    metrics::counter!(t::HTTP_REQUESTS, "route" => route.clone(), "method" => method, "status" => status_label(resp.status()))
         .increment(1);
     metrics::histogram!(t::HTTP_REQUEST_SECONDS, "route" => route)
         .record(started.elapsed().as_secs_f64());

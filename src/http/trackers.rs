@@ -16,8 +16,7 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::body::Body;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use serde_json::Value;
@@ -27,8 +26,9 @@ use utoipa::{PartialSchema, ToSchema};
 
 use crate::config::ClockMode;
 use crate::http::auth::Refused;
+use crate::http::body::{self, Accept};
 use crate::http::error::{ApiError, ErrorBody, ErrorDetails};
-use crate::http::fixes::{body_or_error, check_batch};
+use crate::http::fixes::check_batch;
 use crate::http::openapi::OwnTracksMessage as OwnTracksBody;
 use crate::ingest::IngestReport;
 use crate::state::AppState;
@@ -133,25 +133,34 @@ impl ToSchema for BlankOrNonNegative {}
     responses(
         (status = 200, description = "Taken (accepted, late or duplicate)", body = crate::ingest::IngestReport),
         (status = 400, description = "Bad request", body = ErrorBody), Refused,
+        (status = 408, description = "The body did not arrive within `server.body_timeout`", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 415, description = "A body that is neither JSON nor (OsmAnd) a form", body = ErrorBody),
         (status = 503, description = "Overloaded or shutting down (Retry-After)", body = ErrorBody),
     ))]
 pub async fn osmand(
     State(st): State<Arc<AppState>>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<Json<IngestReport>, ApiError> {
-    let body = body_or_error(body, st.config().max_body_bytes)?;
+    let read = body::read(
+        &headers,
+        body,
+        Accept::JsonOrForm,
+        &body::BodyLimits::of(&st),
+    )
+    .await?;
+    let body = &read.bytes;
     let arrival = arrival_time(&st);
-    let fixes = if !body.is_empty() && is_json_body(&headers, &body) {
-        let v: Value = serde_json::from_slice(&body).map_err(|e| {
+    let fixes = if !body.is_empty() && is_json_body(&headers, body) {
+        let v: Value = serde_json::from_slice(body).map_err(|e| {
             ApiError::bad_request("malformed_json", format!("body is not valid JSON: {e}"))
         })?;
         osmand_from_json(&v, arrival).map_err(|m| ApiError::bad_request("malformed_body", m))?
     } else {
         let mut params = query.as_deref().map(parse_form).unwrap_or_default();
-        let text = std::str::from_utf8(&body).map_err(|e| {
+        let text = std::str::from_utf8(body).map_err(|e| {
             ApiError::bad_request("bad_body", format!("form body is not UTF-8: {e}"))
         })?;
         params.extend(parse_form(text));
@@ -186,16 +195,19 @@ fn owntracks_ok() -> Json<Vec<Value>> {
     responses(
         (status = 200, description = "Taken or ignored: an empty array of messages for the app", body = Vec<serde_json::Value>),
         (status = 400, description = "Bad request", body = ErrorBody), Refused,
+        (status = 408, description = "The body did not arrive within `server.body_timeout`", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 415, description = "A body that is neither JSON nor (OsmAnd) a form", body = ErrorBody),
         (status = 503, description = "Overloaded or shutting down (Retry-After)", body = ErrorBody),
     ))]
 pub async fn owntracks(
     State(st): State<Arc<AppState>>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<Json<Vec<Value>>, ApiError> {
-    let body = body_or_error(body, st.config().max_body_bytes)?;
+    let read = body::read(&headers, body, Accept::Json, &body::BodyLimits::of(&st)).await?;
+    let body = &read.bytes;
     // The app POSTs a zero-length payload when a friend is deleted; the booklet says to ignore
     // it. A body of white space is not that message and is not JSON either: 400, like any other
     // body that is not JSON (schemathesis found it answered 200).
@@ -214,7 +226,7 @@ pub async fn owntracks(
         user: header_text(&headers, "x-limit-u")?.or_else(|| param("u")),
         device: header_text(&headers, "x-limit-d")?.or_else(|| param("d")),
     };
-    let v: Value = serde_json::from_slice(&body).map_err(|e| {
+    let v: Value = serde_json::from_slice(body).map_err(|e| {
         ApiError::bad_request("malformed_json", format!("body is not valid JSON: {e}"))
     })?;
     match owntracks_from_json(&v, &ident)? {

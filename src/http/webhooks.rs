@@ -8,17 +8,17 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
+use axum::body::Body;
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use serde::Serialize;
 use serde_json::Value;
 use utoipa::ToSchema;
 
 use crate::http::auth::Refused;
+use crate::http::body::{self, Accept};
 use crate::http::error::{ApiError, ErrorBody, ErrorDetails, FieldProblem};
-use crate::http::fixes::body_or_error;
 use crate::http::openapi::{EventKindOut, EventOut, WebhookIn};
 use crate::state::AppState;
 use crate::webhooks::{DeadLetter, SinkInfo, SinkSpec, SinkStatus, Source, WebhookError};
@@ -188,6 +188,7 @@ impl From<WebhookError> for ApiError {
             },
             WebhookError::FromSeqAhead { .. } => ApiError::unprocessable("invalid_webhook", msg),
             WebhookError::TooMany => ApiError::unprocessable("too_many_webhooks", msg),
+            WebhookError::Target(e) => invalid(vec![("url".into(), e.to_string())]),
             WebhookError::ShuttingDown => ApiError::shutting_down(),
             WebhookError::Store(_) | WebhookError::Corrupt(_) => ApiError {
                 status: StatusCode::SERVICE_UNAVAILABLE,
@@ -224,16 +225,19 @@ pub async fn list_webhooks(State(st): State<Arc<AppState>>) -> Json<WebhookList>
         (status = 201, description = "Created", body = WebhookOut),
         (status = 400, description = "Bad request", body = ErrorBody), Refused,
         (status = 409, description = "A sink with this id exists", body = ErrorBody),
+        (status = 408, description = "The body did not arrive within `server.body_timeout`", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
-        (status = 422, description = "Invalid definition (every bad field listed) or too many sinks", body = ErrorBody),
+        (status = 415, description = "Not JSON", body = ErrorBody),
+        (status = 422, description = "Invalid definition (every bad field listed), too many sinks, or a target address that is not public", body = ErrorBody),
         (status = 503, description = "Store unavailable or shutting down (Retry-After)", body = ErrorBody),
     ))]
 pub async fn create_webhook(
     State(st): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
+    headers: HeaderMap,
+    body: Body,
 ) -> Result<(StatusCode, Json<WebhookOut>), ApiError> {
-    let body = body_or_error(body, st.config().max_body_bytes)?;
-    let v: Value = serde_json::from_slice(&body).map_err(|e| {
+    let body = body::read(&headers, body, Accept::Json, &body::BodyLimits::of(&st)).await?;
+    let v: Value = serde_json::from_slice(&body.bytes).map_err(|e| {
         ApiError::bad_request("malformed_json", format!("body is not valid JSON: {e}"))
     })?;
     let from_seq = match v.get("from_seq") {

@@ -127,6 +127,10 @@ async fn run(mut engine: Engine, mut rx: mpsc::Receiver<ShardMsg>, mut ctx: Ctx)
             engine.sweep(SWEEP_BUDGET);
         }
         let mut waiting: Option<Waiting> = None;
+        // One step: the message (if any) and the advance after it fire at most the fire cap
+        // together, so a watermark jump over a mass of due work is worked off in slices with
+        // new input taken between them.
+        engine.begin_step();
         tokio::select! {
             biased;
             _ = ctx.shared.shutdown.cancelled() => break,
@@ -165,10 +169,11 @@ async fn run(mut engine: Engine, mut rx: mpsc::Receiver<ShardMsg>, mut ctx: Ctx)
             histogram!(t::WHEEL_TICK_SECONDS).record(started.elapsed().as_secs_f64());
             if adv.carried {
                 carried_ticks += 1;
-                if carried_ticks == 5 {
+                if carried_ticks == 100 {
                     tracing::warn!(
                         shard = ctx.id,
-                        "timer carry has persisted for 5 ticks: the per-tick fire cap is too low for the load"
+                        fire_cap = engine.config().max_fires_per_advance,
+                        "due timers have been carried over 100 slices: a large watermark jump, or a fire cap (time.max_fires_per_tick) too low for the load"
                     );
                 }
                 // Let other tasks run between capped ticks.
@@ -179,6 +184,7 @@ async fn run(mut engine: Engine, mut rx: mpsc::Receiver<ShardMsg>, mut ctx: Ctx)
             gauge!(t::WATERMARK_LAG_SECONDS, "shard" => label.clone())
                 .set(ctx.shared.watermark.wall().now().since(w).as_secs_f64());
         }
+        engine.end_step();
         if !publish(&ctx, &mut engine, &mut out, waiting).await {
             break;
         }

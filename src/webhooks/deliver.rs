@@ -3,13 +3,16 @@
 //!
 //! Invariants: the body is exactly the event JSON the event log serialized (the same bytes as the
 //! WebSocket feed and the store), and the signature covers exactly that body; only a 2xx answer
-//! counts as delivered (redirects are not followed: the client has no redirect policy); every
+//! counts as delivered (redirects are not followed: the client has no redirect policy); only
+//! public addresses are connected to unless `server.allow_private_targets` is on
+//! ([`crate::outbound`]); every
 //! attempt is bounded by the sink's timeout, so a hanging receiver costs at most that per try.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use reqwest::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 
+use crate::outbound::TargetPolicy;
 use crate::webhooks::spec::{SinkSpec, sign};
 
 /// Header carrying the event id (stable across retries: receivers dedupe on it).
@@ -34,17 +37,13 @@ pub enum Attempt {
 }
 
 /// The HTTP client every sink shares: no redirects (a 3xx is a failure, per Standard Webhooks),
-/// no proxies from the environment, pooled connections.
-pub fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .user_agent(concat!(
-            "geodwell/",
-            env!("CARGO_PKG_VERSION"),
-            " (webhooks)"
-        ))
-        .build()
-        .unwrap_or_default()
+/// no proxies from the environment, only the targets `policy` allows, pooled connections.
+pub fn client(policy: TargetPolicy) -> reqwest::Client {
+    policy.http_client(concat!(
+        "geodwell/",
+        env!("CARGO_PKG_VERSION"),
+        " (webhooks)"
+    ))
 }
 
 /// Seconds since the Unix epoch, now.
@@ -75,10 +74,22 @@ fn error_chain(e: &reqwest::Error) -> String {
 /// POSTs `body` (one event's JSON, whose id is `event_id`) to the sink.
 pub async fn post(
     client: &reqwest::Client,
+    policy: TargetPolicy,
     spec: &SinkSpec,
     event_id: &str,
     body: &str,
 ) -> Attempt {
+    // A host name is checked by the client's resolver at every connection; an address written
+    // in the URL never reaches the resolver, so it is checked here.
+    if let Ok(url) = reqwest::Url::parse(&spec.url)
+        && let Err(e) = policy.check_literal(&url)
+    {
+        metrics::counter!(crate::telemetry::OUTBOUND_REFUSED).increment(1);
+        return Attempt::Failed {
+            error: e.to_string(),
+            retry_after: None,
+        };
+    }
     let ts = unix_now();
     let signature = sign(spec.secret.key(), event_id, ts, body.as_bytes());
     let timeout = Duration::from_millis(spec.timeout.millis().max(1) as u64);

@@ -36,6 +36,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::events::EventLog;
+use crate::outbound::{TargetError, TargetPolicy};
 use crate::store::{Flush, Store, StoreError, WebhookBatch};
 use crate::telemetry as t;
 
@@ -86,6 +87,9 @@ pub enum WebhookError {
     /// Stored webhook state does not decode.
     #[error("stored webhook state is inconsistent: {0}")]
     Corrupt(String),
+    /// The target is not an address deliveries may go to.
+    #[error("url: {0}")]
+    Target(#[from] TargetError),
     /// The manager is stopping.
     #[error("the service is shutting down")]
     ShuttingDown,
@@ -131,7 +135,8 @@ impl Webhooks {
             ctx: sink::Ctx {
                 log,
                 store: None,
-                client: deliver::client(),
+                client: deliver::client(TargetPolicy::default()),
+                policy: TargetPolicy::default(),
             },
             tasks: TaskTracker::new(),
             stop: CancellationToken::new(),
@@ -149,6 +154,7 @@ impl Webhooks {
         configured: &[SinkSpec],
         store: Option<Arc<Store>>,
         log: Arc<EventLog>,
+        policy: TargetPolicy,
         shutdown: &CancellationToken,
     ) -> Result<Arc<Webhooks>, WebhookError> {
         let snap = match &store {
@@ -186,7 +192,8 @@ impl Webhooks {
             ctx: sink::Ctx {
                 log,
                 store,
-                client: deliver::client(),
+                client: deliver::client(policy),
+                policy,
             },
             tasks: TaskTracker::new(),
             stop,
@@ -288,6 +295,9 @@ impl Webhooks {
     ) -> Result<SinkInfo, WebhookError> {
         if self.stop.is_cancelled() {
             return Err(WebhookError::ShuttingDown);
+        }
+        if let Ok(url) = reqwest::Url::parse(&spec.url) {
+            self.ctx.policy.check_url(&url).await?;
         }
         let _w = self.write.lock().await;
         let head = self.ctx.log.next_seq();

@@ -161,6 +161,8 @@ pub(crate) struct Ctx {
     pub(crate) log: Arc<EventLog>,
     pub(crate) store: Option<Arc<Store>>,
     pub(crate) client: reqwest::Client,
+    /// Where deliveries may connect.
+    pub(crate) policy: crate::outbound::TargetPolicy,
 }
 
 /// One event on its way to the sink: an empty `json` is one the sink skips (filtered out, or
@@ -463,7 +465,7 @@ impl Sink {
             let started = Instant::now();
             let res = tokio::select! {
                 _ = self.stop.cancelled() => return Outcome::Stopped,
-                a = deliver::post(&ctx.client, &self.spec, id, body) => a,
+                a = deliver::post(&ctx.client, ctx.policy, &self.spec, id, body) => a,
             };
             histogram!(t::WEBHOOK_DELIVERY_SECONDS, "sink" => sink.clone())
                 .record(started.elapsed().as_secs_f64());

@@ -20,6 +20,7 @@ mod durability;
 mod e2e;
 mod fences_api;
 mod first_impression;
+mod hardening;
 mod openapi;
 mod replay;
 mod simulate;

@@ -83,8 +83,8 @@ pub struct SimArgs {
     /// Bound on delivery disorder (event time); the server's lateness should be at least this.
     #[arg(long, value_parser = parse_dur, default_value = "0ms")]
     disorder: Dur,
-    /// Event time of the first fix (RFC 3339 or Unix ms; default: now, or past the server's
-    /// watermark).
+    /// Event time of the first fix (RFC 3339 or Unix ms; default: a week ago on an event-clock
+    /// server, now on a live one; moved past the server's watermark).
     #[arg(long)]
     start: Option<String>,
     /// Do not post the fences first (they are already loaded).
@@ -177,7 +177,13 @@ pub async fn simulate(
         spec.start = explicit_start.unwrap_or(spec.start);
         return write_trace(dir, spec, &fences, a.fixes.unwrap_or(100_000));
     }
-    spec.start = explicit_start.unwrap_or_else(|| Ts(chrono::Utc::now().timestamp_millis()));
+    // Without --start, an event-clock server gets a trace that begins a week ago (a live server
+    // moves it to its wall clock): the server refuses fixes more than `time.max_future` ahead
+    // of its wall clock in both modes, and at full pace event time runs far ahead of the wall.
+    spec.start = explicit_start.unwrap_or_else(|| {
+        Ts(chrono::Utc::now().timestamp_millis())
+            .minus(geodwell_core::time::Dur::from_mins(7 * 24 * 60))
+    });
     let pace = match (a.max, a.rate, a.replay_speed) {
         (true, _, _) => Pace::Max,
         (_, Some(r), _) if r > 0.0 => Pace::Rate(r),

@@ -79,11 +79,12 @@ pub struct Srv {
     _dir: Option<TempDir>,
 }
 
-/// Config text merged over the defaults; `listen` is forced to an ephemeral loopback port and no
-/// fences file is preloaded unless the text sets one.
+/// Config text merged over the defaults; `listen` is forced to an ephemeral loopback port, no
+/// fences file is preloaded unless the text sets one, and webhook receivers may live on loopback
+/// (`allow_private_targets`, which the SSRF tests switch off again).
 pub fn config(extra: &str) -> TestConfig {
     let mut text = String::from(
-        "[server]\nlisten = \"127.0.0.1:0\"\nshards = 2\n[fences]\nfences_file = \"\"\n",
+        "[server]\nlisten = \"127.0.0.1:0\"\nshards = 2\nallow_private_targets = true\n[fences]\nfences_file = \"\"\n",
     );
     text.push_str(extra);
     // Later duplicate sections would be a TOML error, so callers pass whole sections only for
@@ -526,6 +527,7 @@ pub fn spawn_bin(dir: &Path, lateness: &str, env: &[(&str, &str)]) -> (Proc, Str
         .arg("--data-dir")
         .arg(dir)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("GEODWELL_ALLOW_PRIVATE_TARGETS", "true")
         .envs(env.iter().copied())
         .env("GEODWELL_FENCES_FILE", "")
         .env("GEODWELL_LOG", "info")

@@ -68,6 +68,9 @@ pub struct EngineConfig {
     pub max_fires_per_advance: usize,
     /// Most fixes one device may hold in its reorder buffer.
     pub max_buffered_per_device: usize,
+    /// Most devices the engine holds; a fix of a new device beyond it is refused
+    /// ([`IngestError::TooManyDevices`]).
+    pub max_devices: usize,
     /// Track devices whose durable state changed, for [`Engine::take_dirty`] (on when a store
     /// persists the engine; off saves the bookkeeping).
     pub track_dirty: bool,
@@ -79,6 +82,7 @@ impl Default for EngineConfig {
             tick: Dur::from_secs(1),
             max_fires_per_advance: 100_000,
             max_buffered_per_device: 1024,
+            max_devices: usize::MAX,
             track_dirty: false,
         }
     }
@@ -259,6 +263,9 @@ pub struct Engine {
     /// Devices with work ready at an exact time inside the current tick: (ready time, device).
     /// Entries may be stale (the device was processed since); processing is idempotent.
     soon: BinaryHeap<Reverse<(Ts, DeviceSlot)>>,
+    /// Fires left in the current step ([`Engine::begin_step`]); `None`: no step, each advance
+    /// may fire `max_fires_per_advance`.
+    step_fires: Option<usize>,
 }
 
 impl Engine {
@@ -285,7 +292,23 @@ impl Engine {
             dirty_bits: Vec::new(),
             flush_gens: 0,
             candidates: Vec::new(),
+            step_fires: None,
         }
+    }
+
+    /// Starts a step: until [`Engine::end_step`], every advance together (those inside
+    /// [`Engine::ingest`] included) fires at most `max_fires_per_advance` wheel entries; the
+    /// rest carry. A driver brackets each unit of work (a batch, a watermark move) with it, so a
+    /// jump of the watermark over millions of due timers and buffered fixes is worked off in
+    /// bounded slices between which it can take new input. Changes only *when* work happens,
+    /// never what it emits.
+    pub fn begin_step(&mut self) {
+        self.step_fires = Some(self.cfg.max_fires_per_advance);
+    }
+
+    /// Ends the current step (see [`Engine::begin_step`]).
+    pub fn end_step(&mut self) {
+        self.step_fires = None;
     }
 
     /// The configuration the engine was built with.

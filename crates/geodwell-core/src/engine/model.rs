@@ -162,6 +162,7 @@ fn run_engines(fences: &[Arc<Fence>], arrival: &[Fix], batches: &[usize], run: &
         max_fires_per_advance: run.cap,
         max_buffered_per_device: 10_000,
         track_dirty: false,
+        ..EngineConfig::default()
     };
     let mut engines: Vec<Engine> = (0..run.shards).map(|_| Engine::new(cfg.clone())).collect();
     let mut out = Vec::new();

@@ -286,7 +286,7 @@ impl Engine {
         }
         let d = u32::try_from(self.devices.len())
             .ok()
-            .filter(|&d| d < MAX_DEVICE_SLOTS)
+            .filter(|&d| d < MAX_DEVICE_SLOTS && (d as usize) < self.cfg.max_devices)
             .map(DeviceSlot)?;
         let at = self.ids.push(id).ok()?;
         self.devices.push(Device::new(at));

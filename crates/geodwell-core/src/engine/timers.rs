@@ -82,12 +82,17 @@ impl Engine {
         let to = self.clock.completed_tick(w);
         self.fired.clear();
         let (pairs, reorders) = (&self.pairs, &self.reorders);
-        let fired = self.wheel.advance(
-            to,
-            self.cfg.max_fires_per_advance,
-            |k| entry_live(k, pairs, reorders),
-            &mut self.fired,
-        );
+        let cap = self
+            .step_fires
+            .map_or(self.cfg.max_fires_per_advance, |left| {
+                left.min(self.cfg.max_fires_per_advance)
+            });
+        let fired =
+            self.wheel
+                .advance(to, cap, |k| entry_live(k, pairs, reorders), &mut self.fired);
+        if let Some(left) = &mut self.step_fires {
+            *left = left.saturating_sub(fired);
+        }
         // First mark every fired entry consumed, so that rescheduling while processing never
         // counts an entry that already left the wheel as a tombstone. Entries fire at the start
         // of the tick holding their ready time; one whose exact ready time is still ahead waits

@@ -44,20 +44,23 @@ pub struct FenceLimits {
     /// Most errors reported for one call; the rest are summarized by one
     /// [`FenceErrorKind::TooManyErrors`].
     pub max_errors: usize,
+    /// Largest `tags` value, in bytes of compact JSON (tags are copied into every event).
+    pub max_tags_bytes: usize,
     /// Polygon parts with at least this many edges get the edge grid (tests lower it to
     /// exercise the index on small polygons).
     pub index_threshold: usize,
 }
 
 impl Default for FenceLimits {
-    /// 100,000 vertices, 1,000 km radius, 100 km exit buffer, 100 errors, index from
-    /// [`EDGE_INDEX_THRESHOLD`] edges.
+    /// 100,000 vertices, 1,000 km radius, 100 km exit buffer, 100 errors, 4 KiB of tags, index
+    /// from [`EDGE_INDEX_THRESHOLD`] edges.
     fn default() -> FenceLimits {
         FenceLimits {
             max_vertices: 100_000,
             max_radius_m: 1_000_000.0,
             max_exit_buffer_m: 100_000.0,
             max_errors: 100,
+            max_tags_bytes: 4096,
             index_threshold: EDGE_INDEX_THRESHOLD,
         }
     }

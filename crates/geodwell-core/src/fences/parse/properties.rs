@@ -148,6 +148,24 @@ fn parse_dwell(v: &Value, path: &str, errs: &mut Errs) -> Option<Vec<Dur>> {
     ok.then_some(out)
 }
 
+/// The length of `v` as compact JSON, without building the text.
+fn compact_len(v: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    // Writing a `Value` to a sink that cannot fail cannot fail.
+    let _ = serde_json::to_writer(&mut c, v);
+    c.0
+}
+
 /// Parses the properties into settings and name; `None` parts keep defaults (errors recorded).
 pub(super) fn parse_props(
     props: Option<&JsonObject>,
@@ -218,6 +236,14 @@ pub(super) fn parse_props(
                 };
             }
             "tags" => match v {
+                Value::Object(_) | Value::Array(_) if compact_len(v) > limits.max_tags_bytes => {
+                    errs.push(
+                        path,
+                        FenceErrorKind::TooLong {
+                            max: limits.max_tags_bytes,
+                        },
+                    )
+                }
                 Value::Object(_) | Value::Array(_) => s.tags = Arc::new(v.clone()),
                 _ => errs.push(path, FenceErrorKind::WrongType("a JSON object or array")),
             },
