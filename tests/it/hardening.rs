@@ -112,14 +112,30 @@ async fn idle_and_slow_connections_cannot_lock_clients_out() {
         .text()
         .await
         .unwrap();
-    let open = metric(&m, "geodwell_http_connections ");
     let max = metric(&m, "geodwell_http_connections_max ");
     assert_eq!(
         max, 768.0,
         "the default limit: the open files less a reserve"
     );
-    assert!(open <= max + 2.0, "open {open} within the limit {max}");
     assert!(metric(&m, "geodwell_http_connections_evicted_total") >= 700.0);
+    assert_eq!(
+        metric(&m, "geodwell_http_accept_errors_total"),
+        0.0,
+        "the process never ran out of descriptors"
+    );
+    // An evicted connection closes when its task next runs: on a busy machine a few may still be
+    // open at the moment of a scrape, none a moment later.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let m = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let open = metric(&m, "geodwell_http_connections ");
+    assert!(open <= max, "open {open} within the limit {max}");
     // The header timeout (2 s here) closes what is left of the flood: every connection still
     // open reads EOF (or a reset) within a generous bound.
     let deadline = Instant::now() + Duration::from_secs(10);
