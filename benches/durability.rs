@@ -38,7 +38,10 @@ use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use geodwell::config::Config;
-use geodwell::store::{Batch, FILE_NAME, Flush, Store};
+use geodwell::shard::shard_of;
+use geodwell::store::checkpoint::CHECKPOINT_FILE;
+use geodwell::store::input::encode_fixes;
+use geodwell::store::{Batch, CheckpointMeta, FILE_NAME, Flush, Store};
 use geodwell_core::engine::{DeviceState, Engine, EngineConfig, Restored};
 use geodwell_core::event::Event;
 use geodwell_core::fences::{Fence, FenceSettings};
@@ -66,6 +69,8 @@ struct Args {
     rounds: usize,
     /// Clients of the extra scaling run per mode (0 = none).
     more_clients: usize,
+    /// Fixes in the input log after the warm start's checkpoint.
+    log_fixes: usize,
     only: Option<String>,
 }
 
@@ -77,6 +82,7 @@ fn parse_args() -> Args {
         clients: 4,
         rounds: 2,
         more_clients: 16,
+        log_fixes: 1_500_000,
         only: None,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -91,6 +97,7 @@ fn parse_args() -> Args {
             "--clients" => Some(&mut a.clients),
             "--rounds" => Some(&mut a.rounds),
             "--more-clients" => Some(&mut a.more_clients),
+            "--log-fixes" => Some(&mut a.log_fixes),
             "--only" => {
                 if let Some(v) = val {
                     a.only = Some(v.clone());
@@ -278,6 +285,8 @@ fn cluster_centre(c: usize) -> (f64, f64) {
 
 struct Built {
     devices: Vec<DeviceState>,
+    /// Each device's position (lon, lat), by device number.
+    positions: Vec<(f64, f64)>,
     fences: Vec<Fence>,
     events: Vec<Event>,
     next_seq: u64,
@@ -372,6 +381,7 @@ fn build_state(target_pairs: usize, cfg: &Config) -> Built {
     let devices = engine.export();
     Built {
         devices,
+        positions,
         fences,
         events: tail.into_iter().collect(),
         next_seq,
@@ -382,45 +392,36 @@ fn build_state(target_pairs: usize, cfg: &Config) -> Built {
     }
 }
 
-/// Writes the built state to a fresh store; returns seconds taken.
-fn write_store(dir: &Path, b: Built, cfg: &Config) -> f64 {
+/// Writes the built state to a fresh store as its checkpoint, then `log_fixes` more fixes of
+/// the same devices (staying where they are, a second apart in event time per device) as the
+/// input log after it, in records of 5,000 fixes per shard: what a crash one checkpoint interval
+/// after the checkpoint leaves to replay. Returns seconds taken and the input log's bytes.
+fn write_store(dir: &Path, b: Built, cfg: &Config, log_fixes: usize) -> (f64, u64) {
     let t = Instant::now();
     let store = Store::open(dir).expect("store opens");
-    let fences_put = b
+    let mut w = store.checkpoints().writer().expect("checkpoint writer");
+    let fences: Vec<(String, Option<String>)> = b
         .fences
         .iter()
         .map(|f| {
             (
                 f.id.to_string(),
-                serde_json::to_string(&f.to_feature()).expect("feature serializes"),
+                Some(serde_json::to_string(&f.to_feature()).expect("feature serializes")),
             )
         })
         .collect();
-    store
-        .commit(
-            &Batch {
-                fences_put,
-                ..Batch::default()
-            },
-            Flush::Deferred,
-        )
-        .expect("fences commit");
-    let mut it = b.devices.into_iter();
-    loop {
-        let chunk: Vec<DeviceState> = it.by_ref().take(DEVICES_PER_COMMIT).collect();
-        if chunk.is_empty() {
-            break;
-        }
-        store
-            .commit(
-                &Batch {
-                    devices_put: chunk,
-                    ..Batch::default()
-                },
-                Flush::Deferred,
-            )
-            .expect("devices commit");
+    w.fences(&fences).expect("fences");
+    for chunk in b.devices.chunks(DEVICES_PER_COMMIT) {
+        w.devices(chunk).expect("devices");
     }
+    w.commit(&CheckpointMeta {
+        round: 1,
+        shards: cfg.shards as u32,
+        fence_change: 0,
+        event_floor: b.next_seq,
+        positions: vec![(0, Some(b.watermark)); cfg.shards],
+    })
+    .expect("checkpoint commits");
     let emitted = Some(Ts(b.watermark));
     let events = b
         .events
@@ -431,12 +432,71 @@ fn write_store(dir: &Path, b: Built, cfg: &Config) -> f64 {
             (e.seq, json)
         })
         .collect();
+    // The log: fixes in time order, each with the event-mode stamp it arrived under.
+    let n = b.positions.len().max(1);
+    let base = b.watermark + cfg.lateness.0 + 1_000;
+    let mut per_shard: Vec<Vec<(Fix, Ts)>> = vec![Vec::new(); cfg.shards];
+    let mut seqs = vec![0u64; cfg.shards];
+    let mut log_bytes = 0u64;
+    let mut max_ts = b.watermark + cfg.lateness.0;
+    let mut pending: Vec<(u16, u64, Vec<u8>)> = Vec::new();
+    let mut flush_shard =
+        |k: usize, fixes: &mut Vec<(Fix, Ts)>, pending: &mut Vec<(u16, u64, Vec<u8>)>| {
+            if fixes.is_empty() {
+                return;
+            }
+            let mut rec = Vec::new();
+            encode_fixes(
+                fixes.first().map(|f| f.1),
+                fixes.len(),
+                fixes.iter().map(|(f, s)| (f, *s)),
+                &mut rec,
+            );
+            seqs[k] += 1;
+            log_bytes += rec.len() as u64;
+            pending.push((k as u16, seqs[k], rec));
+            fixes.clear();
+        };
+    for i in 0..log_fixes {
+        let d = i % n;
+        let (lon, lat) = b.positions[d];
+        let ts = base + (i / n) as i64 * 1_000 + (d as i64 * 1_000 / n as i64);
+        max_ts = max_ts.max(ts);
+        let id = format!("device-{d:07}");
+        let k = shard_of(&id, cfg.shards);
+        let fix = Fix {
+            device: Arc::from(id),
+            ts: Ts(ts),
+            lat,
+            lon,
+            accuracy: Some(10.0),
+        };
+        per_shard[k].push((fix, Ts(max_ts - cfg.lateness.0)));
+        if per_shard[k].len() == 5_000 {
+            flush_shard(k, &mut per_shard[k], &mut pending);
+        }
+        if pending.len() >= 64 {
+            store
+                .commit(
+                    &Batch {
+                        inputs: std::mem::take(&mut pending),
+                        ..Batch::default()
+                    },
+                    Flush::Deferred,
+                )
+                .expect("log commit");
+        }
+    }
+    for (k, fixes) in per_shard.iter_mut().enumerate() {
+        flush_shard(k, fixes, &mut pending);
+    }
     store
         .commit(
             &Batch {
+                inputs: pending,
                 events,
                 watermark: Some(b.watermark),
-                max_seen: Some(b.watermark + cfg.lateness.0),
+                max_seen: Some(max_ts),
                 next_seq: Some(b.next_seq),
                 ..Batch::default()
             },
@@ -444,7 +504,7 @@ fn write_store(dir: &Path, b: Built, cfg: &Config) -> f64 {
         )
         .expect("final commit");
     drop(store);
-    t.elapsed().as_secs_f64()
+    (t.elapsed().as_secs_f64(), log_bytes)
 }
 
 #[derive(Debug, Clone, Default)]
@@ -456,6 +516,8 @@ struct Warm {
     events: f64,
     restore: Vec<f64>,
     restore_wall: f64,
+    replay_wall: f64,
+    replayed_fixes: u64,
     total: f64,
     restored: Restored,
     fence_count: usize,
@@ -482,7 +544,9 @@ fn warm_start(dir: &Path, cfg: &Config, variant: &'static str, check: bool) -> W
         fences: secs(tm.fences),
         events: secs(tm.events),
         restore: tm.per_shard.iter().map(|d| secs(*d)).collect(),
-        restore_wall: secs(tm.engines),
+        restore_wall: secs(tm.restore),
+        replay_wall: secs(tm.replay),
+        replayed_fixes: booted.summary.replayed_fixes,
         total: secs(booted.took),
         restored: booted.summary.restored,
         fence_count: booted.fences.len(),
@@ -496,8 +560,14 @@ fn warm_start(dir: &Path, cfg: &Config, variant: &'static str, check: bool) -> W
         let target = Ts(w.0 + 600_000 + 2_000);
         let mut dwells = 0u64;
         let mut out = Vec::new();
-        let mut engines = booted.engines;
-        for e in &mut engines {
+        let mut shards = booted.shards;
+        // DWELLs the replay already fired count too (they come out as new events at start).
+        dwells += shards
+            .iter()
+            .flat_map(|s| &s.pending)
+            .filter(|ev| ev.dwell_s.is_some())
+            .count() as u64;
+        for e in shards.iter_mut().map(|s| &mut s.engine) {
             loop {
                 let a = e.advance(target, &mut out);
                 dwells += out.iter().filter(|ev| ev.dwell_s.is_some()).count() as u64;
@@ -522,19 +592,21 @@ fn drop_page_cache(file: &Path) -> bool {
 
 fn print_warm(rows: &[Warm]) {
     println!(
-        "| variant | open | load | parse fences | events tail | restore (per shard) | total | goal <= 3 s | cores: ours / other procs |"
+        "| variant | open | load (checkpoint + log) | parse fences | events tail | restore | replay | per shard (restore + replay) | total | goal <= 3 s | cores: ours / other procs |"
     );
-    println!("|---|---:|---:|---:|---:|---|---:|---|---|");
+    println!("|---|---:|---:|---:|---:|---:|---|---|---:|---|---|");
     for r in rows {
         let per: Vec<String> = r.restore.iter().map(|s| ms(*s)).collect();
         println!(
-            "| {} | {} | {} | {} | {} | {} wall ({}) | **{}** | {} | {:.2} / {:.2} |",
+            "| {} | {} | {} | {} | {} | {} | {} ({} fixes) | {} | **{}** | {} | {:.2} / {:.2} |",
             r.variant,
             ms(r.open),
             ms(r.load),
             ms(r.fences),
             ms(r.events),
             ms(r.restore_wall),
+            ms(r.replay_wall),
+            r.replayed_fixes,
             per.join(" + "),
             ms(r.total),
             if r.total <= GOAL_WARM_S {
@@ -552,6 +624,7 @@ fn warm_json(r: &Warm) -> Value {
     json!({
         "variant": r.variant, "open_s": r.open, "load_s": r.load, "parse_fences_s": r.fences,
         "events_tail_s": r.events, "restore_wall_s": r.restore_wall,
+        "replay_wall_s": r.replay_wall, "replayed_fixes": r.replayed_fixes,
         "restore_per_shard_s": r.restore, "total_s": r.total, "devices": r.restored.devices,
         "pairs": r.restored.pairs, "dropped_pairs": r.restored.dropped_pairs,
         "buffered_fixes": r.restored.buffered, "fences": r.fence_count, "events": r.event_count,
@@ -581,17 +654,22 @@ fn part_warm(args: &Args, cores: usize) -> (Value, bool) {
          {events} events in the tail, in {build_s:.1} s (engine ingest + export, not timed below)"
     );
     let dir = TempDir::new("warm");
-    let write_s = write_store(&dir.0, built, &cfg);
-    let file = dir.0.join(FILE_NAME);
+    let (write_s, log_bytes) = write_store(&dir.0, built, &cfg, args.log_fixes);
+    let file = dir.0.join(CHECKPOINT_FILE);
     let bytes = std::fs::metadata(&file).map_or(0, |m| m.len());
+    let live = dir.0.join(FILE_NAME);
+    let live_bytes = std::fs::metadata(&live).map_or(0, |m| m.len());
     println!(
-        "wrote the store in {write_s:.1} s ({} devices per commit): {:.1} MB ({:.0} bytes per device)\n",
-        DEVICES_PER_COMMIT,
+        "wrote the checkpoint in {write_s:.1} s: {:.1} MB ({:.0} bytes per device); an input log of {} fixes to replay: {:.1} MB of records ({:.1} bytes per fix), live file {:.1} MB\n",
         bytes as f64 / 1e6,
-        bytes as f64 / devices.max(1) as f64
+        bytes as f64 / devices.max(1) as f64,
+        args.log_fixes,
+        log_bytes as f64 / 1e6,
+        log_bytes as f64 / args.log_fixes.max(1) as f64,
+        live_bytes as f64 / 1e6
     );
     let mut rows = Vec::new();
-    let cold_ok = drop_page_cache(&file);
+    let cold_ok = drop_page_cache(&file) && drop_page_cache(&live);
     rows.push(warm_start(
         &dir.0,
         &cfg,
@@ -629,7 +707,8 @@ fn part_warm(args: &Args, cores: usize) -> (Value, bool) {
     let j = json!({
         "target_pairs": args.pairs, "devices": devices, "pairs": pairs, "buffered_fixes": buffered,
         "fences": fences, "events_tail": events, "shards": cfg.shards, "build_s": build_s,
-        "write_s": write_s, "devices_per_commit": DEVICES_PER_COMMIT, "store_file_bytes": bytes,
+        "write_s": write_s, "checkpoint_file_bytes": bytes, "live_file_bytes": live_bytes,
+        "log_fixes": args.log_fixes, "log_record_bytes": log_bytes,
         "goal_total_s": GOAL_WARM_S,
         "runs": rows.iter().map(warm_json).collect::<Vec<_>>(),
     });

@@ -1,13 +1,14 @@
 //! The fence registry: the one place fences are written, and the API's read copy of them.
 //!
 //! A write (put or delete) runs the whole protocol, in this order, under one lock: validate
-//! (against the configured limits), persist (through the publisher, like every other state
-//! change, so a 2xx means the change is durable), update the read copy, and send the change to
-//! every shard.
+//! (against the configured limits), number the change and persist it in the input log (through
+//! the publisher, like every other input, so a 2xx means the change is durable), update the read
+//! copy, and send the change, with its number, to every shard, which logs where it applied it.
 //!
 //! Invariants: writes are serialized, so every shard receives fence changes in the same order
 //! and all shards hold the same fences; the read copy equals what the shards hold once a write
-//! has returned; a write that fails to persist changes nothing.
+//! has returned; a write that fails to persist changes nothing. A checkpoint round starts under
+//! the same lock ([`FenceRegistry::checkpoint`]), so every shard freezes with the same fences.
 //!
 //! A cluster puts a second implementation behind the same methods (fence changes as markers in
 //! every partition's input; see docs/architecture.md).
@@ -20,6 +21,7 @@ use tokio::sync::oneshot;
 
 use crate::events::publisher::{PublishError, Publisher, Step};
 use crate::shard::Shards;
+use crate::store::input::{FenceChange, encode_fence_change};
 use crate::telemetry as t;
 use geodwell_core::fences::{Fence, FenceErrors, FenceLimits, parse_fences};
 
@@ -79,11 +81,20 @@ impl Stored {
     }
 }
 
+/// What the write lock guards besides the order of writes.
+#[derive(Debug, Default)]
+struct Changes {
+    /// The number the next fence change gets.
+    next: u64,
+    /// Fences changed since the last checkpoint, with the number of their latest change.
+    since_checkpoint: BTreeMap<String, u64>,
+}
+
 /// The fences of the service.
 #[derive(Debug)]
 pub struct FenceRegistry {
     read: RwLock<BTreeMap<String, Stored>>,
-    write: tokio::sync::Mutex<()>,
+    write: tokio::sync::Mutex<Changes>,
     limits: FenceLimits,
     max_fences: usize,
     publisher: Publisher,
@@ -92,13 +103,16 @@ pub struct FenceRegistry {
 
 impl FenceRegistry {
     /// A registry holding `fences` (which the shards already hold), writing through `publisher`
-    /// and to `shards`.
+    /// and to `shards`; its next change is number `next_change`, and `since_checkpoint` are the
+    /// fences changed (with their latest change number) since the latest checkpoint.
     pub fn new(
         fences: &[Arc<Fence>],
         limits: FenceLimits,
         max_fences: usize,
         publisher: Publisher,
         shards: Shards,
+        next_change: u64,
+        since_checkpoint: Vec<(String, u64)>,
     ) -> FenceRegistry {
         let read = fences
             .iter()
@@ -107,7 +121,10 @@ impl FenceRegistry {
         metrics::gauge!(t::FENCES).set(read.len() as f64);
         FenceRegistry {
             read: RwLock::new(read),
-            write: tokio::sync::Mutex::new(()),
+            write: tokio::sync::Mutex::new(Changes {
+                next: next_change.max(1),
+                since_checkpoint: since_checkpoint.into_iter().collect(),
+            }),
             limits,
             max_fences,
             publisher,
@@ -180,7 +197,7 @@ impl FenceRegistry {
 
     /// Creates or replaces `fences`, all or nothing.
     pub async fn put(&self, fences: Vec<Fence>) -> Result<Written, FenceWriteError> {
-        let _guard = self.write.lock().await;
+        let mut changes = self.write.lock().await;
         let created = {
             let map = self.read();
             let created = fences.iter().filter(|f| !map.contains_key(&*f.id)).count();
@@ -196,16 +213,27 @@ impl FenceRegistry {
             .into_iter()
             .map(|f| Stored::new(Arc::new(f)))
             .collect();
-        self.persist(put_step(&fences)).await?;
+        let first = changes.next;
+        let step = Step {
+            fence_changes: fences
+                .iter()
+                .zip(first..)
+                .map(|(s, n)| (n, encode(&FenceChange::Put(s.json.clone()))))
+                .collect(),
+            ..Step::default()
+        };
+        self.persist(step).await?;
+        changes.next = first + fences.len() as u64;
         let n = fences.len();
-        for s in fences {
+        for (s, change) in fences.into_iter().zip(first..) {
             let f = s.fence.clone();
+            changes.since_checkpoint.insert(f.id.to_string(), change);
             self.read
                 .write()
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(f.id.to_string(), s);
             self.shards
-                .upsert_fence(f)
+                .upsert_fence(f, change)
                 .await
                 .map_err(|_| FenceWriteError::ShuttingDown)?;
         }
@@ -218,36 +246,96 @@ impl FenceRegistry {
 
     /// Deletes fence `id`: its pairs and their timers are dropped on every shard.
     pub async fn delete(&self, id: &str) -> Result<(), FenceWriteError> {
-        let _guard = self.write.lock().await;
+        let mut changes = self.write.lock().await;
         if !self.read().contains_key(id) {
             return Err(FenceWriteError::NotFound(id.to_string()));
         }
+        let change = changes.next;
         self.persist(Step {
-            fences_del: vec![id.to_string()],
+            fence_changes: vec![(change, encode(&FenceChange::Delete(id.to_string())))],
             ..Step::default()
         })
         .await?;
+        changes.next = change + 1;
+        changes.since_checkpoint.insert(id.to_string(), change);
         self.read
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .remove(id);
         self.shards
-            .remove_fence(Arc::from(id))
+            .remove_fence(Arc::from(id), change)
             .await
             .map_err(|_| FenceWriteError::ShuttingDown)?;
         metrics::gauge!(t::FENCES).set(self.len() as f64);
         Ok(())
     }
 
-    /// Persists the fences the registry was built with (a preload seeding an empty store): the
-    /// shards and the read copy already hold them.
-    pub async fn persist_all(&self) -> Result<(), FenceWriteError> {
-        let _guard = self.write.lock().await;
-        let fences: Vec<Stored> = self.read().values().cloned().collect();
-        if fences.is_empty() {
-            return Ok(());
+    /// Sends fence changes a shard missed to shard `k`: after a crash, a change whose record was
+    /// durable may not have reached every shard's log. `from` is the first change the shard
+    /// lacks. The changes go out as the current fences (a fence changed twice is sent once, as it
+    /// is now), in change order.
+    pub async fn catch_up_shard(&self, k: usize, from: u64) -> Result<(), FenceWriteError> {
+        let changes = self.write.lock().await;
+        let mut missed: Vec<(u64, &String)> = changes
+            .since_checkpoint
+            .iter()
+            .filter(|(_, n)| **n >= from)
+            .map(|(id, n)| (*n, id))
+            .collect();
+        missed.sort();
+        for (change, id) in missed {
+            let current = self.get(id);
+            self.shards
+                .fence_to(k, current.map(|s| s.fence), id, change)
+                .await
+                .map_err(|_| FenceWriteError::ShuttingDown)?;
         }
-        self.persist(put_step(&fences)).await
+        Ok(())
+    }
+
+    /// Starts checkpoint `round` (see `crate::checkpoint`): under the write lock, so that no
+    /// fence change is in flight, the writer is sent the fences changed since the last
+    /// checkpoint, then every shard is asked to freeze after what is queued on it.
+    /// With `full`, every device is written (the previous round failed). Returns the last fence
+    /// change the checkpoint covers.
+    pub async fn checkpoint(
+        &self,
+        round: u64,
+        writer: &crate::checkpoint::Checkpointer,
+        full: bool,
+    ) -> Result<u64, FenceWriteError> {
+        let changes = self.write.lock().await;
+        let fences = changes
+            .since_checkpoint
+            .keys()
+            .map(|id| (id.clone(), self.get(id).map(|s| s.json.to_string())))
+            .collect();
+        writer
+            .tx
+            .send(crate::checkpoint::CkMsg::Round {
+                round,
+                shards: self.shards.len(),
+                fences,
+                fence_change: changes.next - 1,
+                event_floor: self.publisher.durable().next_seq(),
+            })
+            .await
+            .map_err(|_| FenceWriteError::ShuttingDown)?;
+        self.shards
+            .checkpoint(round, full)
+            .await
+            .map_err(|_| FenceWriteError::ShuttingDown)?;
+        Ok(changes.next - 1)
+    }
+
+    /// A checkpoint covering fence changes up to `fence_change` has committed: those changes
+    /// need not be written again.
+    pub async fn checkpointed(&self, fence_change: u64) {
+        self.write
+            .lock()
+            .await
+            .since_checkpoint
+            .retain(|_, n| *n > fence_change);
     }
 
     /// Makes a fence change durable before it is applied or acknowledged.
@@ -266,13 +354,9 @@ impl FenceRegistry {
     }
 }
 
-/// The publisher step that stores `fences` (as their normalized GeoJSON Feature text).
-fn put_step(fences: &[Stored]) -> Step {
-    Step {
-        fences_put: fences
-            .iter()
-            .map(|s| (s.fence.id.to_string(), s.json.to_string()))
-            .collect(),
-        ..Step::default()
-    }
+/// A fence change as the input log holds it.
+fn encode(c: &FenceChange) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_fence_change(c, &mut out);
+    out
 }

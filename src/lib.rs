@@ -19,7 +19,8 @@
 //! - [`ingest`], [`clock`], [`shard`], [`fences`]: the shell around the core.
 //! - [`events`]: the event log, the publisher, filters and cursors.
 //! - [`webhooks`]: delivery of events to HTTP receivers.
-//! - [`store`]: the embedded redb store.
+//! - [`store`]: the embedded redb store: the input log and the checkpoints;
+//!   [`checkpoint`]: the background checkpoint writer.
 //! - [`http`]: the HTTP / WebSocket interface; [`auth`]: API keys.
 //! - [`telemetry`]: metric names and tracing.
 //! - [`outbound`]: where outgoing connections may go (no SSRF).
@@ -29,6 +30,7 @@
 pub mod auth;
 pub mod boot;
 pub mod budget;
+pub mod checkpoint;
 pub mod clock;
 pub mod config;
 pub mod events;

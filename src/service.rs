@@ -80,13 +80,16 @@ impl Service {
             store,
             log,
             fences,
-            seed,
-            engines,
+            shards: starts,
+            next_fence_change,
+            fences_since_checkpoint,
+            fence_catch_up,
+            committed,
             watermark: restored_w,
             max_seen,
             summary,
             took,
-            ..
+            timings,
         } = booted;
         let trigger = CancellationToken::new();
         let watermark = Arc::new(Watermark::new(
@@ -120,34 +123,48 @@ impl Service {
                 log_capacity: cfg.log_capacity,
                 queue: 4096,
                 stop: publisher_stop.clone(),
+                committed,
             },
             log.clone(),
             wall,
         );
+        // The checkpoint writer waits for the log only until the shutdown deadline.
+        let abort = CancellationToken::new();
+        let checkpointer = store
+            .clone()
+            .map(|s| crate::checkpoint::spawn(s, publisher.clone(), abort.clone()));
         let shard_stop = CancellationToken::new();
         let (shards, shard_tasks) = shard::spawn(
-            engines,
+            starts,
             ShardCtx {
                 watermark: watermark.clone(),
                 publisher: publisher.clone(),
                 persist: store.is_some(),
+                checkpoints: checkpointer.as_ref().map(|(c, _)| c.tx.clone()),
                 shutdown: shard_stop.clone(),
                 queue: cfg.shard_queue,
             },
         );
-        let registry = FenceRegistry::new(
+        let registry = Arc::new(FenceRegistry::new(
             &fences,
             fence_limits(&cfg),
             cfg.max_fences,
             publisher,
             shards.clone(),
-        );
-        if seed && let Err(e) = registry.persist_all().await {
-            // Nothing is served: stop what has started before reporting the error.
-            trigger.cancel();
-            shard_stop.cancel();
-            publisher_stop.cancel();
-            return Err(ServiceError::Seed(e));
+            next_fence_change,
+            fences_since_checkpoint,
+        ));
+        // A fence change whose record was durable but that some shard had not logged as applied
+        // when the process stopped is applied there now.
+        for (k, from) in fence_catch_up.into_iter().enumerate() {
+            if from < next_fence_change
+                && let Err(e) = registry.catch_up_shard(k, from).await
+            {
+                trigger.cancel();
+                shard_stop.cancel();
+                publisher_stop.cancel();
+                return Err(ServiceError::Seed(e));
+            }
         }
         if store.is_some() {
             tracing::info!(
@@ -161,6 +178,13 @@ impl Service {
                 events = summary.events,
                 next_seq = summary.next_seq,
                 watermark = %restored_w.map_or("none".to_string(), |w| w.to_string()),
+                checkpoint = summary.checkpoint_round,
+                replayed_records = summary.replayed_records,
+                replayed_fixes = summary.replayed_fixes,
+                replayed_events_known = summary.replayed_known,
+                replayed_events_new = summary.replayed_new,
+                restore_ms = timings.restore.as_millis() as u64,
+                replay_ms = timings.replay.as_millis() as u64,
                 took_ms = took.as_millis() as u64,
                 "state restored"
             );
@@ -192,10 +216,23 @@ impl Service {
             // future would move an event-mode watermark past all real input for good.
             max_future: Some(cfg.max_future),
         };
+        let checkpoints = checkpointer.map(|(handle, thread)| {
+            let task = tokio::spawn(checkpoint_rounds(
+                registry.clone(),
+                handle.clone(),
+                millis(cfg.checkpoint_interval),
+                trigger.clone(),
+            ));
+            Checkpoints {
+                handle,
+                thread,
+                task,
+            }
+        });
         let state = Arc::new(AppState::new(Parts {
             ingest: Ingest::new(limits, watermark.clone(), shards.clone()),
             shards,
-            fences: registry,
+            fences: registry.clone(),
             log,
             webhooks: webhooks.clone(),
             watermark,
@@ -218,6 +255,9 @@ impl Service {
             publisher_stop,
             publisher_task,
             store: store.as_ref().map(Arc::downgrade),
+            registry,
+            checkpoints,
+            abort,
         };
         let router = http::router(state.clone());
         let server_limits = ServerLimits {
@@ -293,6 +333,53 @@ struct Stopping {
     /// The store, to see it closed: the last connection task may drop its handle to the state
     /// (and so the store) a moment after the server has returned.
     store: Option<Weak<crate::store::Store>>,
+    /// The fence registry (the final checkpoint round starts there).
+    registry: Arc<FenceRegistry>,
+    /// The checkpoint writer and the task that starts its rounds (with a store).
+    checkpoints: Option<Checkpoints>,
+    /// Cancelled at the deadline: the checkpoint writer stops waiting for the log.
+    abort: CancellationToken,
+}
+
+/// The checkpoint writer, its thread, and the task that starts a round every interval.
+struct Checkpoints {
+    handle: crate::checkpoint::Checkpointer,
+    thread: std::thread::JoinHandle<()>,
+    task: JoinHandle<u64>,
+}
+
+/// Starts a checkpoint round every `every` until `stop`; returns the last round started. A
+/// round still being written when the next is due is waited for (a slow disk lengthens the
+/// interval); a round that failed makes the next one write every device.
+async fn checkpoint_rounds(
+    registry: Arc<FenceRegistry>,
+    ck: crate::checkpoint::Checkpointer,
+    every: Duration,
+    stop: CancellationToken,
+) -> u64 {
+    let mut round = ck.status.committed();
+    let mut full = false;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return round,
+            _ = tokio::time::sleep(every) => {}
+        }
+        round += 1;
+        match registry.checkpoint(round, &ck, full).await {
+            Ok(fence_change) => {
+                ck.status.wait(round, &stop).await;
+                if ck.status.committed() >= round {
+                    registry.checkpointed(fence_change).await;
+                    full = false;
+                } else if ck.status.failed(round) {
+                    full = true;
+                } else {
+                    return round; // stopping
+                }
+            }
+            Err(_) => return round,
+        }
+    }
 }
 
 /// Serves until shutdown begins, then stops every part in order within the deadline.
@@ -342,6 +429,28 @@ async fn serve(
         .stop(deadline.saturating_duration_since(Instant::now()))
         .await;
     drop(s.webhooks);
+    // The last checkpoint round is queued on every shard behind what it still has to do, so it
+    // covers everything: the next start replays nothing.
+    let mut final_round = None;
+    let mut checkpoint_thread = None;
+    if let Some(Checkpoints {
+        handle,
+        thread,
+        task,
+    }) = s.checkpoints
+    {
+        let last = match tokio::time::timeout_at(deadline, task).await {
+            Ok(Ok(r)) => r,
+            _ => handle.status.committed(),
+        };
+        // A round the task started and did not see finish is still being written.
+        let _ = tokio::time::timeout_at(deadline, handle.status.wait(last, &s.abort)).await;
+        let round = last.max(handle.status.committed()) + 1;
+        if s.registry.checkpoint(round, &handle, false).await.is_ok() {
+            final_round = Some((round, handle.status.clone()));
+        }
+        checkpoint_thread = Some(thread);
+    }
     // The shards drain their queues, then the publisher commits what they handed it.
     s.shard_stop.cancel();
     for mut t in s.shard_tasks {
@@ -363,6 +472,22 @@ async fn serve(
     {
         publisher_task.abort();
         aborted.push("the final state commit");
+    }
+    // The writer commits the last round once the log holds everything it covers.
+    if let Some((round, status)) = final_round {
+        let done = tokio::time::timeout_at(deadline, status.wait(round, &s.abort)).await;
+        if done.is_err() || status.committed() < round {
+            aborted.push("the final checkpoint");
+        }
+    }
+    s.abort.cancel();
+    if let Some(thread) = checkpoint_thread {
+        // Every sender is gone once the shards, the round task and the handle are: the thread
+        // ends on its own.
+        let joined = tokio::task::spawn_blocking(move || thread.join());
+        if tokio::time::timeout_at(deadline, joined).await.is_err() {
+            aborted.push("the checkpoint writer");
+        }
     }
     // A caller that reopens the data directory after `shutdown` returns (a restart in the same
     // process, `store check`) must find the file closed.

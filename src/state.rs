@@ -26,7 +26,7 @@ pub struct AppState {
     auth: Keys,
     ingest: Ingest,
     shards: Shards,
-    fences: FenceRegistry,
+    fences: Arc<FenceRegistry>,
     log: Arc<EventLog>,
     webhooks: Arc<Webhooks>,
     watermark: Arc<Watermark>,
@@ -48,7 +48,7 @@ pub struct Parts {
     /// The shards.
     pub shards: Shards,
     /// The fence registry.
-    pub fences: FenceRegistry,
+    pub fences: Arc<FenceRegistry>,
     /// The event log (read side).
     pub log: Arc<EventLog>,
     /// The webhook sinks.

@@ -86,6 +86,22 @@ pub const FENCES: &str = "geodwell_fences";
 pub const STORE_COMMIT_SECONDS: &str = "geodwell_store_commit_duration_seconds";
 /// State store commits.
 pub const STORE_COMMITS: &str = "geodwell_store_commits_total";
+/// Bytes of input records appended to the input log.
+pub const STORE_LOG_APPENDED_BYTES: &str = "geodwell_store_log_appended_bytes_total";
+/// Size of the live store file (input log, events, cursors), bytes.
+pub const STORE_LOG_BYTES: &str = "geodwell_store_log_bytes";
+/// Checkpoints written.
+pub const STORE_CHECKPOINTS: &str = "geodwell_store_checkpoints_total";
+/// Checkpoints that could not be written.
+pub const STORE_CHECKPOINT_FAILURES: &str = "geodwell_store_checkpoint_failures_total";
+/// Duration of one checkpoint round, seconds.
+pub const STORE_CHECKPOINT_SECONDS: &str = "geodwell_store_checkpoint_seconds";
+/// Devices written by the last checkpoint.
+pub const STORE_CHECKPOINT_DEVICES: &str = "geodwell_store_checkpoint_devices";
+/// Size of the checkpoint file, bytes.
+pub const STORE_CHECKPOINT_BYTES: &str = "geodwell_store_checkpoint_bytes";
+/// Seconds since the last checkpoint committed.
+pub const STORE_CHECKPOINT_AGE_SECONDS: &str = "geodwell_store_checkpoint_age_seconds";
 /// Failed state store commits (data kept and retried).
 pub const STORE_COMMIT_FAILURES: &str = "geodwell_store_commit_failures_total";
 /// Events delivered to a webhook receiver (2xx), by `sink`.
@@ -156,6 +172,9 @@ pub fn install() -> PrometheusHandle {
                 HTTP_ORIGIN_REFUSED,
                 INGEST_BUDGET_REFUSED,
                 OUTBOUND_REFUSED,
+                STORE_LOG_APPENDED_BYTES,
+                STORE_CHECKPOINTS,
+                STORE_CHECKPOINT_FAILURES,
             ] {
                 metrics::counter!(c).absolute(0);
             }
@@ -269,6 +288,40 @@ fn describe() {
         "State store commit duration."
     );
     describe_counter!(STORE_COMMITS, "State store commits.");
+    describe_counter!(
+        STORE_LOG_APPENDED_BYTES,
+        Unit::Bytes,
+        "Bytes of input records appended to the input log."
+    );
+    describe_gauge!(
+        STORE_LOG_BYTES,
+        Unit::Bytes,
+        "Size of the live store file: the input log since the last checkpoint, events, cursors (updated at each scrape)."
+    );
+    describe_counter!(STORE_CHECKPOINTS, "Checkpoints written.");
+    describe_counter!(
+        STORE_CHECKPOINT_FAILURES,
+        "Checkpoints that could not be written (the previous one stays; the next writes every device)."
+    );
+    describe_histogram!(
+        STORE_CHECKPOINT_SECONDS,
+        Unit::Seconds,
+        "Duration of one checkpoint round, from its start to its commit."
+    );
+    describe_gauge!(
+        STORE_CHECKPOINT_DEVICES,
+        "Devices written by the last checkpoint (those changed since the one before)."
+    );
+    describe_gauge!(
+        STORE_CHECKPOINT_BYTES,
+        Unit::Bytes,
+        "Size of the checkpoint file."
+    );
+    describe_gauge!(
+        STORE_CHECKPOINT_AGE_SECONDS,
+        Unit::Seconds,
+        "Seconds since the last checkpoint committed (updated at each scrape)."
+    );
     describe_counter!(
         STORE_COMMIT_FAILURES,
         "Failed state store commits (data kept, retried)."

@@ -229,6 +229,7 @@ impl Config {
             max_subscribers: b.count("max_subscribers"),
             durability: b.durability("durability"),
             commit_interval: b.dur("commit_interval"),
+            checkpoint_interval: b.dur("checkpoint_interval"),
             webhooks: Vec::new(),
             map_tile_url: b.tile_url("map_tile_url"),
             map_tile_attribution: b.opt_text("map_tile_attribution"),

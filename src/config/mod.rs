@@ -127,6 +127,8 @@ pub struct Config {
     pub durability: Durability,
     /// async durability: longest time between commits.
     pub commit_interval: Dur,
+    /// How often the engines' state is checkpointed (the input log before it is then deleted).
+    pub checkpoint_interval: Dur,
     /// Webhook sinks from `[[webhooks]]` entries (see `docs/webhooks.md`).
     pub webhooks: Vec<crate::webhooks::SinkSpec>,
     /// Map page: raster tile URL template (`{z}`, `{x}`, `{y}`); `None` = plain background.

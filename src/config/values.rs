@@ -169,6 +169,11 @@ pub(super) const SCHEMA: &[(&str, &str, Kind)] = &[
         Kind::Duration { zero_ok: false },
     ),
     (
+        "store",
+        "checkpoint_interval",
+        Kind::Duration { zero_ok: false },
+    ),
+    (
         "events",
         "log_capacity",
         Kind::Count {

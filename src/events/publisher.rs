@@ -1,12 +1,15 @@
 //! The publisher: the single writer between the shards and the outside world.
 //!
 //! Every shard step (an ingest batch, a watermark advance, a fence change) ends in one
-//! [`Step`] sent here: the events it produced, the durable state of the devices it changed, and
+//! [`Step`] sent here: the events it produced, the shard's input record for it (what a replay
+//! needs to do the step again: the fixes with their stamps, or the fence change applied), and
 //! the HTTP reply waiting for it. The publisher drains everything queued, stamps `seq` on the
 //! events in that order, commits it all in **one** store transaction (group commit: concurrent
-//! requests and shards share one fsync), and only then appends the events to the in-memory log
-//! (subscribers see them) and releases the replies. So:
-//! - a 2xx answer to a batch means its state changes and events are durable (`sync`);
+//! requests and shards share one fsync; the commit appends input and events, it never rewrites
+//! device state), and only then appends the events to the in-memory log (subscribers see them)
+//! and releases the replies. So:
+//! - a 2xx answer to a batch means its input record and events are durable (`sync`), hence its
+//!   effects: a warm start replays the record from the latest checkpoint;
 //! - events produced by ticks (DWELL, vote expiry) are committed before anyone sees them;
 //! - `seq` is gap-free on disk and in memory, because only this task assigns it and a failed
 //!   commit publishes nothing: the failed batch stays pending (with its seqs) and is retried, merged
@@ -26,7 +29,7 @@ use crate::clock::WallClock;
 use crate::events::{CompactEvent, EventLog, LoggedEvent};
 use crate::store::{Batch, Flush, Store};
 use crate::telemetry as t;
-use geodwell_core::engine::{DeviceState, IngestError, Ingested};
+use geodwell_core::engine::{IngestError, Ingested};
 use geodwell_core::event::Event;
 use geodwell_core::time::Ts;
 
@@ -47,17 +50,21 @@ pub type FixOutcome = (usize, Result<Ingested, IngestError>);
 /// What a waiting HTTP request gets back.
 pub type StepReply = Result<Vec<FixOutcome>, PublishError>;
 
+/// A shard's input record for one step: (shard, seq, encoded record; `store::input`).
+pub type InputRecord = (u16, u64, Vec<u8>);
+
 /// One shard step's output.
 #[derive(Debug, Default)]
 pub struct Step {
     /// Events produced, in order.
     pub events: Vec<Event>,
-    /// Devices whose durable state changed.
-    pub devices: Vec<DeviceState>,
-    /// Fences written (id, Feature JSON) or deleted.
-    pub fences_put: Vec<(String, String)>,
-    /// Fence ids deleted.
-    pub fences_del: Vec<String>,
+    /// The shard's input record for the step (none for a step that only advanced time).
+    pub input: Option<InputRecord>,
+    /// Fence changes made by the registry: (change number, encoded change).
+    pub fence_changes: Vec<(u64, Vec<u8>)>,
+    /// Log records a checkpoint now covers, to delete: per shard the last `seq`, and the last
+    /// fence change.
+    pub truncate: Option<(Vec<(u16, u64)>, u64)>,
     /// The shard's watermark after the step.
     pub watermark: Option<Ts>,
     /// Who waits for this step to be durable, and what to tell them.
@@ -76,12 +83,80 @@ pub struct Step {
 #[derive(Debug, Clone)]
 pub struct Publisher {
     tx: mpsc::Sender<Step>,
+    durable: Arc<Durable>,
 }
 
 impl Publisher {
     /// Queues a step (waits while the queue is full: backpressure onto the shard).
     pub async fn send(&self, step: Step) -> Result<(), PublishError> {
         self.tx.send(step).await.map_err(|_| PublishError::Closed)
+    }
+
+    /// What the store holds so far.
+    pub fn durable(&self) -> &Arc<Durable> {
+        &self.durable
+    }
+}
+
+/// How far the store has committed, for the checkpoint writer: per shard the last input `seq`
+/// committed, and the next event `seq` the publisher will assign.
+#[derive(Debug)]
+pub struct Durable {
+    committed: Vec<std::sync::atomic::AtomicU64>,
+    next_seq: std::sync::atomic::AtomicU64,
+    changed: tokio::sync::Notify,
+}
+
+impl Durable {
+    /// Per shard, `committed[k]` starting at `start[k]`.
+    pub fn new(start: &[u64], next_seq: u64) -> Durable {
+        Durable {
+            committed: start
+                .iter()
+                .map(|&s| std::sync::atomic::AtomicU64::new(s))
+                .collect(),
+            next_seq: std::sync::atomic::AtomicU64::new(next_seq),
+            changed: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// The last input `seq` of `shard` the store holds.
+    pub fn committed(&self, shard: usize) -> u64 {
+        self.committed
+            .get(shard)
+            .map_or(0, |c| c.load(std::sync::atomic::Ordering::Acquire))
+    }
+
+    /// The `seq` the publisher will assign to the next event.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Waits until every shard `k` has `seqs[k]` committed (or `stop` is cancelled; false then).
+    pub async fn wait_for(&self, seqs: &[u64], stop: &CancellationToken) -> bool {
+        loop {
+            let notified = self.changed.notified();
+            if seqs
+                .iter()
+                .enumerate()
+                .all(|(k, &s)| self.committed(k) >= s)
+            {
+                return true;
+            }
+            tokio::select! {
+                _ = notified => {}
+                _ = stop.cancelled() => return false,
+                // Belt and braces: a notification between the check and the wait is not lost
+                // (`notified` was created first), but a periodic look costs nothing.
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+        }
+    }
+
+    fn set(&self, shard: u16, seq: u64) {
+        if let Some(c) = self.committed.get(shard as usize) {
+            c.fetch_max(seq, std::sync::atomic::Ordering::AcqRel);
+        }
     }
 }
 
@@ -109,6 +184,8 @@ pub struct PublisherCfg {
     pub log_capacity: usize,
     /// Queue length.
     pub queue: usize,
+    /// Per shard, the last input `seq` the store already holds (from the warm start).
+    pub committed: Vec<u64>,
     /// Cancelled to stop: the publisher takes no new steps, commits what is queued, and ends.
     pub stop: CancellationToken,
 }
@@ -121,8 +198,9 @@ pub fn spawn(
     wall: WallClock,
 ) -> (Publisher, tokio::task::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel(cfg.queue.max(1));
-    let handle = tokio::spawn(run(cfg, rx, log, wall));
-    (Publisher { tx }, handle)
+    let durable = Arc::new(Durable::new(&cfg.committed, log.next_seq()));
+    let handle = tokio::spawn(run(cfg, rx, log, wall, durable.clone()));
+    (Publisher { tx, durable }, handle)
 }
 
 /// What has been stamped but not yet committed and published.
@@ -136,6 +214,8 @@ struct Uncommitted {
     watermark: Option<Ts>,
     /// Largest fix ts among committed and pending steps (never reset: it only grows).
     max_seen: Option<i64>,
+    /// Per shard, the last input seq in this batch.
+    inputs_upto: Vec<(u16, u64)>,
 }
 
 impl Uncommitted {
@@ -143,14 +223,20 @@ impl Uncommitted {
         self.events.is_empty()
             && self.replies.is_empty()
             && self.acks.is_empty()
-            && self.batch.devices_put.is_empty()
-            && self.batch.fences_put.is_empty()
-            && self.batch.fences_del.is_empty()
+            && self.batch.inputs.is_empty()
+            && self.batch.fence_changes.is_empty()
+            && self.batch.truncate_inputs.is_empty()
             && self.watermark.is_none()
     }
 }
 
-async fn run(cfg: PublisherCfg, mut rx: mpsc::Receiver<Step>, log: Arc<EventLog>, wall: WallClock) {
+async fn run(
+    cfg: PublisherCfg,
+    mut rx: mpsc::Receiver<Step>,
+    log: Arc<EventLog>,
+    wall: WallClock,
+    durable: Arc<Durable>,
+) {
     let mut next_seq = log.next_seq();
     let mut p = Uncommitted {
         max_seen: cfg.restored_max_seen,
@@ -173,12 +259,12 @@ async fn run(cfg: PublisherCfg, mut rx: mpsc::Receiver<Step>, log: Arc<EventLog>
         let first = match wait {
             Some(d) => match tokio::time::timeout(d, next(&mut rx, &cfg.stop)).await {
                 Ok(Some(s)) => Some(s),
-                Ok(None) => return finish(&cfg, &log, &mut p, next_seq).await,
+                Ok(None) => return finish(&cfg, &log, &mut p, next_seq, &durable).await,
                 Err(_) => None, // timer: retry or async commit
             },
             None => match next(&mut rx, &cfg.stop).await {
                 Some(s) => Some(s),
-                None => return finish(&cfg, &log, &mut p, next_seq).await,
+                None => return finish(&cfg, &log, &mut p, next_seq, &durable).await,
             },
         };
         let mut steps: Vec<Step> = first.into_iter().collect();
@@ -239,9 +325,19 @@ async fn run(cfg: PublisherCfg, mut rx: mpsc::Receiver<Step>, log: Arc<EventLog>
                 p.batch.events.push((e.seq, json.clone()));
                 p.events.push(LoggedEvent::new(e.seq, compact, Some(json)));
             }
-            p.batch.devices_put.extend(s.devices);
-            p.batch.fences_put.extend(s.fences_put);
-            p.batch.fences_del.extend(s.fences_del);
+            if let Some((shard, seq, rec)) = s.input {
+                p.inputs_upto.push((shard, seq));
+                p.batch.inputs.push((shard, seq, rec));
+            }
+            p.batch.fence_changes.extend(s.fence_changes);
+            if let Some((shards, fences)) = s.truncate {
+                p.batch.truncate_inputs.extend(shards);
+                p.batch.truncate_fence_changes = Some(
+                    p.batch
+                        .truncate_fence_changes
+                        .map_or(fences, |f| f.max(fences)),
+                );
+            }
             if let Some(w) = s.watermark {
                 p.watermark = Some(p.watermark.map_or(w, |c| c.max(w)));
             }
@@ -255,8 +351,11 @@ async fn run(cfg: PublisherCfg, mut rx: mpsc::Receiver<Step>, log: Arc<EventLog>
             (Some(_), CommitPolicy::Interval(every)) => last_commit.elapsed() >= every,
             _ => true,
         };
+        durable
+            .next_seq
+            .store(next_seq, std::sync::atomic::Ordering::Release);
         if due || failing {
-            failing = !commit(&cfg, &log, &mut p, &mut last_commit, next_seq);
+            failing = !commit(&cfg, &log, &mut p, &mut last_commit, next_seq, &durable);
         } else {
             // async: answer now, publish and persist at the next interval.
             for (tx, outcomes) in p.replies.drain(..) {
@@ -283,10 +382,16 @@ async fn next(rx: &mut mpsc::Receiver<Step>, stop: &CancellationToken) -> Option
 }
 
 /// Every sender is gone, or the publisher was stopped: a last commit (retried a few times) before the task ends.
-async fn finish(cfg: &PublisherCfg, log: &EventLog, p: &mut Uncommitted, next_seq: u64) {
+async fn finish(
+    cfg: &PublisherCfg,
+    log: &EventLog,
+    p: &mut Uncommitted,
+    next_seq: u64,
+    durable: &Durable,
+) {
     let mut last = Instant::now();
     for _ in 0..3 {
-        if p.is_empty() || commit(cfg, log, p, &mut last, next_seq) {
+        if p.is_empty() || commit(cfg, log, p, &mut last, next_seq, durable) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -302,6 +407,7 @@ fn commit(
     p: &mut Uncommitted,
     last_commit: &mut Instant,
     next_seq: u64,
+    durable: &Durable,
 ) -> bool {
     if let Some(store) = &cfg.store {
         p.batch.watermark = p.watermark.map(|w| w.0);
@@ -340,7 +446,14 @@ fn commit(
             return false;
         }
         counter!(t::STORE_COMMITS).increment(1);
+        let bytes: usize = p.batch.inputs.iter().map(|(_, _, r)| r.len()).sum();
+        counter!(t::STORE_LOG_APPENDED_BYTES).increment(bytes as u64);
     }
+    // Without a store nothing is durable, but nothing waits for it either (no checkpoints).
+    for (shard, seq) in p.inputs_upto.drain(..) {
+        durable.set(shard, seq);
+    }
+    durable.changed.notify_waiters();
     for e in &p.events {
         counter!(t::EVENTS_EMITTED, "type" => e.event.kind().as_str()).increment(1);
     }

@@ -32,7 +32,7 @@ use tokio::sync::{mpsc, oneshot};
 
 pub use crate::events::publisher::{FixOutcome, StepReply};
 
-pub use task::{ShardCtx, spawn};
+pub use task::{ShardCtx, ShardStart, spawn};
 
 /// A fix bound for a shard, with its index in the request and the watermark it arrived under.
 #[derive(Debug, Clone)]
@@ -60,10 +60,18 @@ enum ShardMsg {
         /// Where to answer (after the step is durable).
         reply: oneshot::Sender<StepReply>,
     },
-    /// Insert or replace a fence.
-    UpsertFence(Arc<Fence>),
-    /// Remove a fence.
-    RemoveFence(Arc<str>),
+    /// Insert or replace a fence: fence change number `.1`.
+    UpsertFence(Arc<Fence>, u64),
+    /// Remove a fence: fence change number `.1`.
+    RemoveFence(Arc<str>, u64),
+    /// Freeze the engine's state for checkpoint `round` and hand it to the checkpoint writer.
+    Checkpoint {
+        /// The checkpoint's round.
+        round: u64,
+        /// Hand out every device, not only those changed since the last checkpoint (the last
+        /// round failed).
+        full: bool,
+    },
     /// A device's state.
     Device {
         /// Device id.
@@ -267,20 +275,50 @@ impl Shards {
         Ok((devices, None))
     }
 
-    /// Inserts or replaces `fence` on every shard.
-    pub async fn upsert_fence(&self, fence: Arc<Fence>) -> Result<(), Closed> {
+    /// Inserts or replaces `fence` on every shard, as fence change number `change`.
+    pub async fn upsert_fence(&self, fence: Arc<Fence>, change: u64) -> Result<(), Closed> {
         for s in self.senders.iter() {
-            s.send(ShardMsg::UpsertFence(fence.clone()))
+            s.send(ShardMsg::UpsertFence(fence.clone(), change))
                 .await
                 .map_err(|_| Closed)?;
         }
         Ok(())
     }
 
-    /// Removes fence `id` from every shard.
-    pub async fn remove_fence(&self, id: Arc<str>) -> Result<(), Closed> {
+    /// Removes fence `id` from every shard, as fence change number `change`.
+    pub async fn remove_fence(&self, id: Arc<str>, change: u64) -> Result<(), Closed> {
         for s in self.senders.iter() {
-            s.send(ShardMsg::RemoveFence(id.clone()))
+            s.send(ShardMsg::RemoveFence(id.clone(), change))
+                .await
+                .map_err(|_| Closed)?;
+        }
+        Ok(())
+    }
+
+    /// Sends shard `k` one fence change it missed: `fence` as it is now (`None`: deleted `id`).
+    pub async fn fence_to(
+        &self,
+        k: usize,
+        fence: Option<Arc<Fence>>,
+        id: &str,
+        change: u64,
+    ) -> Result<(), Closed> {
+        let msg = match fence {
+            Some(f) => ShardMsg::UpsertFence(f, change),
+            None => ShardMsg::RemoveFence(Arc::from(id), change),
+        };
+        self.senders
+            .get(k)
+            .ok_or(Closed)?
+            .send(msg)
+            .await
+            .map_err(|_| Closed)
+    }
+
+    /// Asks every shard to freeze its state for checkpoint `round`, after what is queued.
+    pub async fn checkpoint(&self, round: u64, full: bool) -> Result<(), Closed> {
+        for s in self.senders.iter() {
+            s.send(ShardMsg::Checkpoint { round, full })
                 .await
                 .map_err(|_| Closed)?;
         }
@@ -363,7 +401,8 @@ mod batch_tests {
         let (s, mut rx) = shards(1);
         // Fill the shard queues: the shards are stalled (nobody reads the receivers).
         for tx in s.senders.iter() {
-            tx.try_send(ShardMsg::RemoveFence(Arc::from("x"))).unwrap();
+            tx.try_send(ShardMsg::RemoveFence(Arc::from("x"), 1))
+                .unwrap();
         }
         let mut stamped = false;
         let r = s.send_batch_with(parts(&s, 20), Instant::now(), |_| stamped = true);
@@ -371,7 +410,7 @@ mod batch_tests {
         assert!(!stamped, "a refused batch is not stamped");
         // Nothing of the batch reached any shard: each queue still holds only the filler.
         for r in &mut rx {
-            assert!(matches!(r.try_recv(), Ok(ShardMsg::RemoveFence(_))));
+            assert!(matches!(r.try_recv(), Ok(ShardMsg::RemoveFence(..))));
             assert!(r.try_recv().is_err());
         }
     }

@@ -19,9 +19,11 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::{FixOutcome, ShardMsg, Shards};
+use crate::checkpoint::CkMsg;
 use crate::clock::Watermark;
 use crate::config::ClockMode;
-use crate::events::publisher::{Publisher, Step, StepReply};
+use crate::events::publisher::{InputRecord, Publisher, Step, StepReply};
+use crate::store::input::{encode_fence_applied, encode_fixes};
 use crate::telemetry as t;
 use geodwell_core::engine::Engine;
 use geodwell_core::event::Event;
@@ -34,8 +36,10 @@ pub struct ShardCtx {
     pub watermark: Arc<Watermark>,
     /// Where steps go to be committed and published.
     pub publisher: Publisher,
-    /// Whether device state is persisted (a store is configured).
+    /// Whether input is logged and checkpointed (a store is configured).
     pub persist: bool,
+    /// Where checkpoint data goes (with a store).
+    pub checkpoints: Option<mpsc::Sender<CkMsg>>,
     /// Cancelled at shutdown, once ingest has stopped: the shards then drain their queues.
     pub shutdown: CancellationToken,
     /// Batches queued per shard.
@@ -48,23 +52,42 @@ struct Ctx {
     clock: ClockMode,
     shared: ShardCtx,
     event_w: watch::Receiver<Option<Ts>>,
+    /// The `seq` of this shard's last input record.
+    seq: u64,
+    /// The running checkpoint, while devices are still to be handed out: its round, and the
+    /// shard's last input `seq` and engine watermark at the freeze.
+    checkpoint: Option<Frozen>,
 }
 
-/// Starts one task per engine (shard `k` owns `engines[k]`) and returns the handle to them and
+/// One shard's starting point: its engine (restored and replayed), the `seq` of its last input
+/// record, and the events the replay produced that were never published.
+#[derive(Debug)]
+pub struct ShardStart {
+    /// The engine.
+    pub engine: Engine,
+    /// The `seq` of the shard's last input record (0: none).
+    pub seq: u64,
+    /// Events to publish first.
+    pub pending: Vec<Event>,
+}
+
+/// Starts one task per shard (shard `k` owns `shards[k]`) and returns the handle to them and
 /// the tasks, which end after a drain once `ctx.shutdown` is cancelled.
-pub fn spawn(engines: Vec<Engine>, ctx: ShardCtx) -> (Shards, Vec<tokio::task::JoinHandle<()>>) {
-    let mut senders = Vec::with_capacity(engines.len());
-    let mut tasks = Vec::with_capacity(engines.len());
-    for (id, engine) in engines.into_iter().enumerate() {
+pub fn spawn(shards: Vec<ShardStart>, ctx: ShardCtx) -> (Shards, Vec<tokio::task::JoinHandle<()>>) {
+    let mut senders = Vec::with_capacity(shards.len());
+    let mut tasks = Vec::with_capacity(shards.len());
+    for (id, start) in shards.into_iter().enumerate() {
         let (tx, rx) = mpsc::channel(ctx.queue.max(1));
         let task_ctx = Ctx {
             id,
             clock: ctx.watermark.mode(),
             event_w: ctx.watermark.subscribe(),
             shared: ctx.clone(),
+            seq: start.seq,
+            checkpoint: None,
         };
         senders.push(tx);
-        tasks.push(tokio::spawn(run(engine, rx, task_ctx)));
+        tasks.push(tokio::spawn(run(start.engine, start.pending, rx, task_ctx)));
     }
     (
         Shards {
@@ -86,10 +109,33 @@ struct Waiting {
     max_ts: Option<Ts>,
 }
 
+/// What handling one message left to publish: a waiting reply, the step's input record.
+#[derive(Default)]
+struct Handled {
+    waiting: Option<Waiting>,
+    input: Option<InputRecord>,
+}
+
+/// Where a shard froze its state for a checkpoint.
+#[derive(Debug, Clone, Copy)]
+struct Frozen {
+    round: u64,
+    seq: u64,
+    watermark: Option<Ts>,
+}
+
+/// Devices handed to the checkpoint writer per message.
+const CHECKPOINT_CHUNK: usize = 2048;
+
 /// Runs a shard until shutdown; drains queued messages before returning.
-async fn run(mut engine: Engine, mut rx: mpsc::Receiver<ShardMsg>, mut ctx: Ctx) {
+async fn run(
+    mut engine: Engine,
+    pending: Vec<Event>,
+    mut rx: mpsc::Receiver<ShardMsg>,
+    mut ctx: Ctx,
+) {
     let label = ctx.id.to_string();
-    let mut out: Vec<Event> = Vec::new();
+    let mut out: Vec<Event> = pending;
     let mut carried_ticks = 0u32;
     // Warm start: deadlines that passed while the process was down are due now.
     let w0 = match ctx.clock {
@@ -98,9 +144,9 @@ async fn run(mut engine: Engine, mut rx: mpsc::Receiver<ShardMsg>, mut ctx: Ctx)
     };
     if let Some(w) = w0 {
         engine.advance(w, &mut out);
-        if !publish(&ctx, &mut engine, &mut out, None).await {
-            return;
-        }
+    }
+    if !publish(&ctx, &mut engine, &mut out, Handled::default()).await {
+        return;
     }
     report(&engine, &label);
     loop {
@@ -126,16 +172,17 @@ async fn run(mut engine: Engine, mut rx: mpsc::Receiver<ShardMsg>, mut ctx: Ctx)
         {
             engine.sweep(SWEEP_BUDGET);
         }
-        let mut waiting: Option<Waiting> = None;
+        let mut handled = Handled::default();
         // One step: the message (if any) and the advance after it fire at most the fire cap
         // together, so a watermark jump over a mass of due work is worked off in slices with
         // new input taken between them.
         engine.begin_step();
+        let ck_tx = ctx.shared.checkpoints.clone();
         tokio::select! {
             biased;
             _ = ctx.shared.shutdown.cancelled() => break,
             msg = rx.recv() => match msg {
-                Some(msg) => waiting = handle(&mut engine, msg, &mut out),
+                Some(msg) => handled = handle(&mut engine, msg, &mut out, &mut ctx),
                 None => break,
             },
             changed = ctx.event_w.changed(), if ctx.clock == ClockMode::Event => {
@@ -144,6 +191,25 @@ async fn run(mut engine: Engine, mut rx: mpsc::Receiver<ShardMsg>, mut ctx: Ctx)
                 }
             }
             _ = tokio::time::sleep_until(wake.unwrap_or_else(Instant::now).into()), if wake.is_some() => {}
+            // A checkpoint hands its devices out a chunk at a time, whenever the writer has
+            // room and nothing else is to be done (devices about to change are copied first).
+            permit = async { ck_tx.as_ref()?.reserve().await.ok() }, if ctx.checkpoint.is_some() => {
+                if let (Some(permit), Some(f)) = (permit, ctx.checkpoint) {
+                    let mut devices = Vec::with_capacity(CHECKPOINT_CHUNK);
+                    let done = engine.checkpoint_next(CHECKPOINT_CHUNK, &mut devices);
+                    permit.send(CkMsg::Devices {
+                        shard: ctx.id,
+                        round: f.round,
+                        seq: f.seq,
+                        watermark: f.watermark,
+                        devices,
+                        done,
+                    });
+                    if done {
+                        ctx.checkpoint = None;
+                    }
+                }
+            }
         }
         // After any step, bring the engine up to the current watermark. In event mode, batches
         // already queued here were stamped before the published watermark moved on (a batch is
@@ -185,7 +251,7 @@ async fn run(mut engine: Engine, mut rx: mpsc::Receiver<ShardMsg>, mut ctx: Ctx)
                 .set(ctx.shared.watermark.wall().now().since(w).as_secs_f64());
         }
         engine.end_step();
-        if !publish(&ctx, &mut engine, &mut out, waiting).await {
+        if !publish(&ctx, &mut engine, &mut out, handled).await {
             break;
         }
         report(&engine, &label);
@@ -193,15 +259,34 @@ async fn run(mut engine: Engine, mut rx: mpsc::Receiver<ShardMsg>, mut ctx: Ctx)
     // Drain: answer what is already queued so no accepted batch is left without a reply.
     rx.close();
     while let Some(msg) = rx.recv().await {
-        let waiting = handle(&mut engine, msg, &mut out);
-        if !publish(&ctx, &mut engine, &mut out, waiting).await {
+        let handled = handle(&mut engine, msg, &mut out, &mut ctx);
+        if !publish(&ctx, &mut engine, &mut out, handled).await {
             break;
+        }
+    }
+    // A checkpoint asked for (the one at shutdown) is handed out whole: no input comes any more.
+    if let (Some(f), Some(tx)) = (ctx.checkpoint.take(), ctx.shared.checkpoints.clone()) {
+        loop {
+            let mut devices = Vec::with_capacity(CHECKPOINT_CHUNK);
+            let done = engine.checkpoint_next(CHECKPOINT_CHUNK, &mut devices);
+            let msg = CkMsg::Devices {
+                shard: ctx.id,
+                round: f.round,
+                seq: f.seq,
+                watermark: f.watermark,
+                devices,
+                done,
+            };
+            if tx.send(msg).await.is_err() || done {
+                break;
+            }
         }
     }
     report(&engine, &label);
 }
 
-fn handle(engine: &mut Engine, msg: ShardMsg, out: &mut Vec<Event>) -> Option<Waiting> {
+fn handle(engine: &mut Engine, msg: ShardMsg, out: &mut Vec<Event>, ctx: &mut Ctx) -> Handled {
+    let persist = ctx.shared.persist;
     match msg {
         ShardMsg::Fixes {
             fixes,
@@ -210,51 +295,86 @@ fn handle(engine: &mut Engine, msg: ShardMsg, out: &mut Vec<Event>) -> Option<Wa
             request,
         } => {
             let max_ts = fixes.iter().map(|s| s.fix.ts).max();
+            // The record says what a replay must do to repeat this step exactly: start from the
+            // engine's watermark now, then each fix with the watermark it arrived under.
+            let input = persist.then(|| {
+                let mut rec = Vec::with_capacity(16 + fixes.len() * 48);
+                encode_fixes(
+                    engine.watermark(),
+                    fixes.len(),
+                    fixes.iter().map(|s| (&s.fix, s.w)),
+                    &mut rec,
+                );
+                ctx.seq += 1;
+                (ctx.id as u16, ctx.seq, rec)
+            });
             let outcomes = fixes
                 .into_iter()
                 .map(|s| (s.index, engine.ingest(&s.fix, s.w, out)))
                 .collect();
-            Some(Waiting {
-                reply,
-                outcomes,
-                arrived,
-                request,
-                max_ts,
-            })
+            Handled {
+                waiting: Some(Waiting {
+                    reply,
+                    outcomes,
+                    arrived,
+                    request,
+                    max_ts,
+                }),
+                input,
+            }
         }
-        ShardMsg::UpsertFence(f) => {
+        ShardMsg::UpsertFence(f, change) => {
             engine.upsert_fence(f, out);
-            None
+            fence_applied(ctx, change)
         }
-        ShardMsg::RemoveFence(id) => {
+        ShardMsg::RemoveFence(id, change) => {
             engine.remove_fence(&id);
-            None
+            fence_applied(ctx, change)
         }
         ShardMsg::Device { id, reply } => {
             let _ = reply.send(engine.device(&id));
-            None
+            Handled::default()
         }
         ShardMsg::DevicePage { from, limit, reply } => {
             let _ = reply.send(engine.device_page(from, limit));
-            None
+            Handled::default()
+        }
+        ShardMsg::Checkpoint { round, full } => {
+            if ctx.shared.checkpoints.is_some() {
+                if full {
+                    engine.mark_all_dirty();
+                }
+                engine.checkpoint_begin();
+                ctx.checkpoint = Some(Frozen {
+                    round,
+                    seq: ctx.seq,
+                    watermark: engine.watermark(),
+                });
+            }
+            Handled::default()
         }
     }
 }
 
-/// Hands the step's events, changed device state and waiting reply to the publisher, which
-/// answers once they are durable. Returns false when the publisher is gone.
-async fn publish(
-    ctx: &Ctx,
-    engine: &mut Engine,
-    out: &mut Vec<Event>,
-    waiting: Option<Waiting>,
-) -> bool {
-    let devices = if ctx.shared.persist {
-        engine.take_dirty()
-    } else {
-        Vec::new()
-    };
-    if out.is_empty() && devices.is_empty() && waiting.is_none() {
+/// The record of fence change `change` applied at this point of the shard's input.
+fn fence_applied(ctx: &mut Ctx, change: u64) -> Handled {
+    if !ctx.shared.persist {
+        return Handled::default();
+    }
+    let mut rec = Vec::with_capacity(12);
+    encode_fence_applied(change, &mut rec);
+    ctx.seq += 1;
+    Handled {
+        waiting: None,
+        input: Some((ctx.id as u16, ctx.seq, rec)),
+    }
+}
+
+/// Hands the step's events, input record and waiting reply to the publisher, which answers
+/// once they are durable. Returns false when the publisher is gone.
+async fn publish(ctx: &Ctx, engine: &mut Engine, out: &mut Vec<Event>, h: Handled) -> bool {
+    let Handled { waiting, input } = h;
+    if out.is_empty() && input.is_none() && waiting.is_none() {
         return true;
     }
     let (reply, arrived, request, max_ts) = match waiting {
@@ -268,7 +388,7 @@ async fn publish(
     };
     let step = Step {
         events: std::mem::take(out),
-        devices,
+        input,
         watermark: engine.watermark(),
         reply,
         arrived,

@@ -1,25 +1,23 @@
 //! [`Batch`]: one set of changes to the store.
 //!
-//! Semantics of one batch, as [`super::Store::commit`] applies it: deletes before puts (so a put
-//! and a delete of the same id within one batch leave the put), events inserted before
-//! `trim_events_below` deletes every event with a smaller `seq`, and each `Some` scalar replaces
-//! the stored value.
+//! Semantics of one batch, as [`super::Store::commit`] applies it: input records and fence
+//! changes inserted before the truncations (a checkpoint never covers records of the same
+//! commit), events inserted before `trim_events_below` deletes every event with a smaller `seq`,
+//! and each `Some` scalar replaces the stored value.
 
 use std::sync::Arc;
 
-use geodwell_core::engine::DeviceState;
-
-/// Changes committed together in one write transaction.
+/// Changes to the live file, committed together in one write transaction.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Batch {
-    /// Device records to write (replacing any stored record of the same id).
-    pub devices_put: Vec<DeviceState>,
-    /// Device ids to delete.
-    pub devices_del: Vec<String>,
-    /// Fences to write: (fence id, GeoJSON Feature text).
-    pub fences_put: Vec<(String, String)>,
-    /// Fence ids to delete.
-    pub fences_del: Vec<String>,
+    /// Input records to append: (shard, seq, record).
+    pub inputs: Vec<(u16, u64, Vec<u8>)>,
+    /// Fence changes to append: (change number, change).
+    pub fence_changes: Vec<(u64, Vec<u8>)>,
+    /// Per shard, delete its input records up to this `seq` (a checkpoint covers them).
+    pub truncate_inputs: Vec<(u16, u64)>,
+    /// Delete fence changes up to this number (every shard's checkpoint has them).
+    pub truncate_fence_changes: Option<u64>,
     /// Events to append: (seq, event JSON text).
     pub events: Vec<(u64, Arc<str>)>,
     /// Delete every stored event with a `seq` below this (retention).

@@ -3,10 +3,13 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use redb::{ReadableDatabase, ReadableTable, TableHandle};
+use redb::{ReadableDatabase, ReadableTable};
 
+use super::checkpoint::{CHECKPOINT_FILE, DEVICES, FENCES, read_ck_meta};
+use super::events::{EVENT_PAGES, decode_page};
+use super::input::{decode_fence_change, decode_shard_input};
 use super::{
-    CURSORS, DEVICES, EVENTS, FENCES, FILE_NAME, StoreError, codec, db_err, guarded_open, read_meta,
+    CURSORS, FENCE_CHANGES, FILE_NAME, INPUT, StoreError, codec, db_err, guarded_open, read_meta,
 };
 use geodwell_core::event::Event;
 use geodwell_core::fences::{Fence, FenceLimits};
@@ -32,6 +35,23 @@ pub struct CheckReport {
     pub max_seen: Option<i64>,
     /// Stored next event seq.
     pub next_seq: u64,
+    /// The checkpoint: its round, the shard count, the fence change covered and per shard the
+    /// last input `seq` covered.
+    pub checkpoint_round: u64,
+    /// Shards at the checkpoint (0: any).
+    pub checkpoint_shards: u32,
+    /// Per shard, the last input `seq` the checkpoint covers.
+    pub checkpoint_positions: Vec<u64>,
+    /// The checkpoint file's size in bytes.
+    pub checkpoint_bytes: u64,
+    /// Input records, and their bytes.
+    pub inputs: u64,
+    /// Bytes of input records.
+    pub input_bytes: u64,
+    /// Fixes in the input records.
+    pub input_fixes: u64,
+    /// Fence changes held in the log.
+    pub fence_changes: u64,
     /// Fence records.
     pub fences: u64,
     /// Device records.
@@ -83,6 +103,19 @@ impl fmt::Display for CheckReport {
         writeln!(f, "watermark:      {}", opt(self.watermark))?;
         writeln!(f, "max_seen:       {}", opt(self.max_seen))?;
         writeln!(f, "next_seq:       {}", self.next_seq)?;
+        writeln!(
+            f,
+            "checkpoint:     round {}, {} shards, covers {:?} ({} bytes)",
+            self.checkpoint_round,
+            self.checkpoint_shards,
+            self.checkpoint_positions,
+            self.checkpoint_bytes
+        )?;
+        writeln!(
+            f,
+            "input log:      {} records, {} fixes, {} bytes; {} fence changes",
+            self.inputs, self.input_fixes, self.input_bytes, self.fence_changes
+        )?;
         writeln!(f, "fences:         {}", self.fences)?;
         writeln!(
             f,
@@ -158,25 +191,40 @@ pub fn check(dir: &Path) -> Result<CheckReport, StoreError> {
         }
         Err(e) => return Err(e),
     }
+    let ck_path = dir.join(CHECKPOINT_FILE);
+    report.checkpoint_bytes = std::fs::metadata(&ck_path).map_or(0, |m| m.len());
+    match guarded_open(&ck_path, || redb::ReadOnlyDatabase::open(&ck_path)) {
+        Ok(db) => scan_checkpoint(&db, &ck_path, &mut report)?,
+        Err(StoreError::Db { source, .. }) if matches!(*source, redb::Error::RepairAborted) => {
+            let db = guarded_open(&ck_path, || {
+                redb::Database::builder()
+                    .set_check_integrity_on_open(true)
+                    .open(&ck_path)
+            })?;
+            report.repaired = true;
+            scan_checkpoint(&db, &ck_path, &mut report)?;
+        }
+        Err(e) => return Err(e),
+    }
     Ok(report)
 }
 
-fn scan(
+fn scan_checkpoint(
     db: &impl ReadableDatabase,
     path: &Path,
     report: &mut CheckReport,
 ) -> Result<(), StoreError> {
     let txn = db.begin_read().map_err(|e| db_err(path, "begin read", e))?;
-    let meta = read_meta(&txn, path)?;
-    report.schema_version = meta.schema_version;
-    report.watermark = meta.watermark;
-    report.max_seen = meta.max_seen;
-    report.next_seq = meta.next_seq;
+    let meta = read_ck_meta(&txn, path)?;
+    report.checkpoint_round = meta.round;
+    report.checkpoint_shards = meta.shards;
+    report.checkpoint_positions = meta.positions.iter().map(|p| p.0).collect();
     let err = |e: redb::Error| db_err(path, "check", e);
     let limits = FenceLimits {
         max_vertices: usize::MAX,
         max_radius_m: f64::MAX,
         max_exit_buffer_m: f64::MAX,
+        max_tags_bytes: usize::MAX,
         ..FenceLimits::default()
     };
     {
@@ -193,7 +241,7 @@ fn scan(
                     Fence::from_feature(&f, Some(id), &limits).map_err(|e| e.to_string())
                 });
             if let Err(e) = ok {
-                report.problem(format!("{} {id:?}: {e}", FENCES.name()));
+                report.problem(format!("checkpoint fences {id:?}: {e}"));
             }
         }
     }
@@ -207,29 +255,89 @@ fn scan(
                     report.pairs += d.pairs.len() as u64;
                     report.buffered_fixes += d.buffer.len() as u64;
                 }
-                Err(e) => report.problem(format!("{} {:?}: {}", DEVICES.name(), k.value(), e.0)),
+                Err(e) => report.problem(format!("checkpoint devices {:?}: {}", k.value(), e.0)),
+            }
+        }
+    }
+    Ok(())
+}
+
+fn scan(
+    db: &impl ReadableDatabase,
+    path: &Path,
+    report: &mut CheckReport,
+) -> Result<(), StoreError> {
+    let txn = db.begin_read().map_err(|e| db_err(path, "begin read", e))?;
+    let meta = read_meta(&txn, path)?;
+    report.schema_version = meta.schema_version;
+    report.watermark = meta.watermark;
+    report.max_seen = meta.max_seen;
+    report.next_seq = meta.next_seq;
+    let err = |e: redb::Error| db_err(path, "check", e);
+    {
+        let t = txn.open_table(INPUT).map_err(|e| err(e.into()))?;
+        let mut prev: Option<(u16, u64)> = None;
+        for r in t.iter().map_err(|e| err(e.into()))? {
+            let (k, v) = r.map_err(|e| err(e.into()))?;
+            let (shard, seq) = k.value();
+            report.inputs += 1;
+            report.input_bytes += v.value().len() as u64;
+            if let Some((ps, pseq)) = prev
+                && ps == shard
+                && seq != pseq + 1
+            {
+                report.problem(format!(
+                    "input log: shard {shard}: seq {pseq} is followed by {seq}"
+                ));
+            }
+            prev = Some((shard, seq));
+            match decode_shard_input(v.value(), usize::MAX) {
+                Ok(super::input::ShardInput::Fixes { fixes, .. }) => {
+                    report.input_fixes += fixes.len() as u64
+                }
+                Ok(_) => {}
+                Err(e) => report.problem(format!("input log ({shard}, {seq}): {}", e.0)),
             }
         }
     }
     {
-        let t = txn.open_table(EVENTS).map_err(|e| err(e.into()))?;
+        let t = txn.open_table(FENCE_CHANGES).map_err(|e| err(e.into()))?;
+        for r in t.iter().map_err(|e| err(e.into()))? {
+            let (k, v) = r.map_err(|e| err(e.into()))?;
+            report.fence_changes += 1;
+            if let Err(e) = decode_fence_change(v.value()) {
+                report.problem(format!("fence change {}: {}", k.value(), e.0));
+            }
+        }
+    }
+    {
+        let t = txn.open_table(EVENT_PAGES).map_err(|e| err(e.into()))?;
         let mut prev: Option<u64> = None;
         for r in t.iter().map_err(|e| err(e.into()))? {
             let (k, v) = r.map_err(|e| err(e.into()))?;
-            let seq = k.value();
-            report.events += 1;
-            if let Some(p) = prev
-                && seq != p + 1
-            {
-                report.problem(format!("events: gap, seq {p} is followed by {seq}"));
+            let first = k.value();
+            let page = match decode_page(first, v.value()) {
+                Ok(p) => p,
+                Err(e) => {
+                    report.problem(format!("event page {first}: {}", e.0));
+                    continue;
+                }
+            };
+            for (seq, json) in page {
+                report.events += 1;
+                if let Some(p) = prev
+                    && seq != p + 1
+                {
+                    report.problem(format!("events: gap, seq {p} is followed by {seq}"));
+                }
+                prev = Some(seq);
+                match serde_json::from_str::<Event>(json) {
+                    Ok(e) if e.seq == seq => {}
+                    Ok(e) => report.problem(format!("events {seq}: record says seq {}", e.seq)),
+                    Err(e) => report.problem(format!("events {seq}: not an event: {e}")),
+                }
+                report.event_seqs = Some((report.event_seqs.map_or(seq, |(lo, _)| lo), seq));
             }
-            prev = Some(seq);
-            match serde_json::from_str::<Event>(v.value()) {
-                Ok(e) if e.seq == seq => {}
-                Ok(e) => report.problem(format!("events {seq}: record says seq {}", e.seq)),
-                Err(e) => report.problem(format!("events {seq}: not an event: {e}")),
-            }
-            report.event_seqs = Some((report.event_seqs.map_or(seq, |(lo, _)| lo), seq));
         }
         if let Some((_, hi)) = report.event_seqs
             && hi >= meta.next_seq

@@ -30,9 +30,9 @@ pub(crate) const DEVICE_FORMAT: u8 = 1;
 
 /// Why a record did not decode.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct DecodeError(pub(crate) String);
+pub struct DecodeError(pub String);
 
-fn put_uv(out: &mut Vec<u8>, mut v: u64) {
+pub(crate) fn put_uv(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         out.push((v as u8) | 0x80);
         v >>= 7;
@@ -40,15 +40,15 @@ fn put_uv(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
-fn put_zz(out: &mut Vec<u8>, v: i64) {
+pub(crate) fn put_zz(out: &mut Vec<u8>, v: i64) {
     put_uv(out, ((v << 1) ^ (v >> 63)) as u64);
 }
 
-fn put_f64(out: &mut Vec<u8>, v: f64) {
+pub(crate) fn put_f64(out: &mut Vec<u8>, v: f64) {
     out.extend_from_slice(&v.to_le_bytes());
 }
 
-fn put_str(out: &mut Vec<u8>, s: &str) {
+pub(crate) fn put_str(out: &mut Vec<u8>, s: &str) {
     put_uv(out, s.len() as u64);
     out.extend_from_slice(s.as_bytes());
 }
@@ -109,23 +109,23 @@ pub(crate) fn encode_device(d: &DeviceState, out: &mut Vec<u8>) {
 }
 
 /// A cursor over an encoded record.
-struct Reader<'a> {
-    b: &'a [u8],
-    at: usize,
+pub(crate) struct Reader<'a> {
+    pub(crate) b: &'a [u8],
+    pub(crate) at: usize,
 }
 
 impl<'a> Reader<'a> {
-    fn err(&self, what: &str) -> DecodeError {
+    pub(crate) fn err(&self, what: &str) -> DecodeError {
         DecodeError(format!("{what} at byte {}", self.at))
     }
 
-    fn u8(&mut self) -> Result<u8, DecodeError> {
+    pub(crate) fn u8(&mut self) -> Result<u8, DecodeError> {
         let v = *self.b.get(self.at).ok_or_else(|| self.err("truncated"))?;
         self.at += 1;
         Ok(v)
     }
 
-    fn uv(&mut self) -> Result<u64, DecodeError> {
+    pub(crate) fn uv(&mut self) -> Result<u64, DecodeError> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
             let byte = self.u8()?;
@@ -141,12 +141,12 @@ impl<'a> Reader<'a> {
         Err(self.err("varint too long"))
     }
 
-    fn zz(&mut self) -> Result<i64, DecodeError> {
+    pub(crate) fn zz(&mut self) -> Result<i64, DecodeError> {
         let u = self.uv()?;
         Ok(((u >> 1) as i64) ^ -((u & 1) as i64))
     }
 
-    fn f64(&mut self) -> Result<f64, DecodeError> {
+    pub(crate) fn f64(&mut self) -> Result<f64, DecodeError> {
         let end = self.at + 8;
         let bytes = self
             .b
@@ -156,7 +156,7 @@ impl<'a> Reader<'a> {
         Ok(f64::from_le_bytes(bytes.try_into().expect("8 bytes")))
     }
 
-    fn len(&mut self) -> Result<usize, DecodeError> {
+    pub(crate) fn len(&mut self) -> Result<usize, DecodeError> {
         let n = self.uv()?;
         // Every element takes at least one byte: a longer length is corrupt, and checking it
         // here keeps a corrupt length from reserving absurd amounts of memory.
@@ -166,7 +166,7 @@ impl<'a> Reader<'a> {
         Ok(n as usize)
     }
 
-    fn str(&mut self) -> Result<&'a str, DecodeError> {
+    pub(crate) fn str(&mut self) -> Result<&'a str, DecodeError> {
         let n = self.len()?;
         let bytes = &self.b[self.at..self.at + n];
         let s = std::str::from_utf8(bytes).map_err(|_| self.err("invalid UTF-8"))?;
@@ -174,7 +174,7 @@ impl<'a> Reader<'a> {
         Ok(s)
     }
 
-    fn bool(&mut self) -> Result<bool, DecodeError> {
+    pub(crate) fn bool(&mut self) -> Result<bool, DecodeError> {
         match self.u8()? {
             0 => Ok(false),
             1 => Ok(true),
@@ -182,7 +182,7 @@ impl<'a> Reader<'a> {
         }
     }
 
-    fn u16(&mut self) -> Result<u16, DecodeError> {
+    pub(crate) fn u16(&mut self) -> Result<u16, DecodeError> {
         u16::try_from(self.uv()?).map_err(|_| self.err("u16 out of range"))
     }
 }

@@ -1,17 +1,26 @@
-//! Durable state on redb: one file, `geodwell.redb`, in the data
-//! directory holds the fences, every device's state (pair records with their visit state,
-//! reorder buffer, last applied fix), the watermark, the event log and delivery cursors.
+//! Durable state on redb, two files in the data directory:
 //!
-//! - [`Store`]: open (create or verify), [`Store::load`] everything for a warm start, and
-//!   [`Store::commit`] one [`Batch`] in one write transaction.
-//! - [`check`]: offline verification for `geodwell store check`.
+//! - `geodwell.redb`, the live file: the **input log** (every shard's records, `input.rs`, and
+//!   the fence changes), the event log, the event-mode watermark source, delivery cursors and
+//!   webhook state. Every ingest commit goes here: appends proportional to the input, never a
+//!   rewrite of state.
+//! - `checkpoint.redb` ([`checkpoint`]): the engines' state at a point of each shard's log,
+//!   written in the background.
+//!
+//! A warm start is the checkpoint plus a replay of the log after it (`boot.rs`).
+//!
+//! - [`Store`]: open (create or verify both files), [`Store::load`] everything for a warm start,
+//!   and [`Store::commit`] one [`Batch`] in one write transaction of the live file.
+//! - [`check`]: offline verification for `geodwell store check`; [`migrate`]: a version-1
+//!   store (device state in the live file) converted to this layout.
 //! - `webhooks.rs`: webhook sink definitions, cursors and dead letters, and the event-retention
 //!   hold for lagging sinks (two tables created on first use; see `docs/webhooks.md`).
 //!
 //! Invariants:
-//! - The file holds `meta.schema_version == SCHEMA_VERSION`, written in the same transaction
-//!   that creates the tables. A file with another version, without one, or that redb cannot read
-//!   is refused with a [`StoreError`]: the store is never silently reset or migrated.
+//! - The live file holds `meta.schema_version == SCHEMA_VERSION`, written in the same
+//!   transaction that creates the tables. A file with another version, without one, or that
+//!   redb cannot read is refused with a [`StoreError`]: the store is never silently reset; a
+//!   version-1 store is converted only by `geodwell store migrate`.
 //! - Every commit is one redb write transaction: after a crash the store holds exactly the
 //!   batches whose commit returned (with [`Flush::Fsync`]), each entirely or not at all.
 //! - A failed commit changes nothing; the store reopens its redb handle on the next commit if
@@ -23,7 +32,11 @@
 
 mod batch;
 mod check;
+pub mod checkpoint;
 mod codec;
+mod events;
+pub mod input;
+mod migrate;
 #[cfg(test)]
 mod tests;
 mod webhooks;
@@ -33,29 +46,29 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use redb::{
-    Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle,
-};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 use thiserror::Error;
-
-use geodwell_core::engine::DeviceState;
 
 pub use batch::Batch;
 pub use check::{CheckReport, check};
+pub use checkpoint::{Checkpoint, CheckpointMeta, CheckpointStore, CheckpointWriter};
+pub use codec::DecodeError;
+pub use migrate::{Migrated, migrate};
 pub use webhooks::{WEBHOOK_CURSOR_PREFIX, WebhookBatch, WebhookSnapshot, webhook_cursor_key};
 
 /// The layout version this build reads and writes. Bump it on any change to the tables or to an
 /// encoding (see `codec.rs`); a store of another version is refused, never reinterpreted.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// The file name of the store inside the data directory.
 pub const FILE_NAME: &str = "geodwell.redb";
 
 pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
-pub(crate) const FENCES: TableDefinition<&str, &str> = TableDefinition::new("fences");
-pub(crate) const DEVICES: TableDefinition<&str, &[u8]> = TableDefinition::new("devices");
-pub(crate) const EVENTS: TableDefinition<u64, &str> = TableDefinition::new("events");
 pub(crate) const CURSORS: TableDefinition<&str, u64> = TableDefinition::new("cursors");
+/// The input log: (shard, seq) -> record (`input.rs`).
+pub(crate) const INPUT: TableDefinition<(u16, u64), &[u8]> = TableDefinition::new("input");
+/// Fence changes: change number -> change (`input.rs`).
+pub(crate) const FENCE_CHANGES: TableDefinition<u64, &[u8]> = TableDefinition::new("fence_changes");
 
 pub(crate) const K_SCHEMA: &str = "schema_version";
 pub(crate) const K_WATERMARK: &str = "watermark";
@@ -113,8 +126,8 @@ pub enum StoreError {
     },
     /// The store was written with another schema version.
     #[error(
-        "store {path} has schema version {found}, this build reads version {expected}; \
-         use a matching geodwell build (the store is never converted or reset automatically)"
+        "store {path} has schema version {found}, this build reads version {expected}; {}",
+        schema_hint(*.found, *.expected)
     )]
     SchemaMismatch {
         /// The file.
@@ -146,6 +159,15 @@ pub enum StoreError {
         /// The redb error.
         source: Box<redb::Error>,
     },
+}
+
+fn schema_hint(found: u32, expected: u32) -> &'static str {
+    if found == 1 && expected == 2 {
+        "convert it with `geodwell store migrate --data-dir DIR` (the store is never converted \
+         or reset automatically)"
+    } else {
+        "use a matching geodwell build (the store is never converted or reset automatically)"
+    }
 }
 
 impl StoreError {
@@ -218,20 +240,24 @@ pub(crate) fn guarded_open<T>(
     }
 }
 
-/// Everything a warm start needs, read in one read transaction.
+/// Everything a warm start needs: the checkpoint, and the live file's input log after it, event
+/// tail and meta (the live file read in one read transaction).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Snapshot {
-    /// Every fence as GeoJSON Feature text, in id order.
-    pub fences: Vec<String>,
-    /// Every device's state, in id order.
-    pub devices: Vec<DeviceState>,
+    /// The checkpoint (fences, devices, where each shard's log resumes).
+    pub checkpoint: Checkpoint,
+    /// Each shard's input records after the checkpoint, in `seq` order: (shard, seq, record).
+    pub inputs: Vec<(u16, u64, Vec<u8>)>,
+    /// Fence changes after the checkpoint's, in order: (change number, change).
+    pub fence_changes: Vec<(u64, Vec<u8>)>,
     /// The stored watermark, Unix ms.
     pub watermark: Option<i64>,
     /// The stored highest fix time seen (event clock mode), Unix ms.
     pub max_seen: Option<i64>,
     /// The `seq` the next event gets (1 for a new store).
     pub next_seq: u64,
-    /// The last `events_tail` stored events, ascending by `seq`: (seq, event JSON).
+    /// The stored events from `min(checkpoint.meta.event_floor, the last events_tail)` on,
+    /// ascending by `seq`: (seq, event JSON).
     pub events: Vec<(u64, String)>,
     /// Delivery cursors: (sink name, next seq to deliver), by name.
     pub cursors: Vec<(String, u64)>,
@@ -260,6 +286,11 @@ pub struct Store {
     /// Commits never trim events at or above this seq (webhook sinks still need them; see
     /// `webhooks.rs`). `u64::MAX`: no hold.
     event_floor: AtomicU64,
+    /// Commits never trim events at or above this seq either: a replay after the latest
+    /// checkpoint may produce them again, and must find them to keep their `seq`.
+    replay_floor: AtomicU64,
+    /// The checkpoint file.
+    checkpoints: CheckpointStore,
 }
 
 impl fmt::Debug for Store {
@@ -272,7 +303,11 @@ impl fmt::Debug for Store {
 }
 
 fn open_db(path: &Path) -> Result<Database, StoreError> {
-    guarded_open(path, || Database::builder().create(path))
+    // The live file is appended to and read back only at start (and by lagging webhook sinks):
+    // a small cache is enough, and keeps redb's page cache from growing with the input.
+    guarded_open(path, || {
+        Database::builder().set_cache_size(64 << 20).create(path)
+    })
 }
 
 impl Store {
@@ -288,6 +323,7 @@ impl Store {
         let path = dir.join(FILE_NAME);
         let db = open_db(&path)?;
         init_or_verify(&db, &path)?;
+        let checkpoints = CheckpointStore::open(dir)?;
         Ok(Store {
             path,
             db: Mutex::new(Some(db)),
@@ -295,7 +331,19 @@ impl Store {
             failed_commits: AtomicU64::new(0),
             reopens: AtomicU64::new(0),
             event_floor: AtomicU64::new(u64::MAX),
+            replay_floor: AtomicU64::new(u64::MAX),
+            checkpoints,
         })
+    }
+
+    /// The checkpoint file.
+    pub fn checkpoints(&self) -> &CheckpointStore {
+        &self.checkpoints
+    }
+
+    /// Keeps events from `seq` on out of retention trims (the latest checkpoint's replay floor).
+    pub fn hold_replay_events_from(&self, seq: u64) {
+        self.replay_floor.store(seq, Ordering::Release);
     }
 
     /// The store file.
@@ -317,9 +365,12 @@ impl Store {
         self.db.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Reads everything a warm start needs in one read transaction: fences, devices, the
-    /// watermark and `max_seen`, `next_seq`, the last `events_tail` events and the cursors.
+    /// Reads everything a warm start needs: the checkpoint, then in one read transaction of the
+    /// live file the input records and fence changes after it, the watermark, `max_seen`,
+    /// `next_seq`, the events from the checkpoint's replay floor or the last `events_tail`
+    /// (whichever is older) and the cursors.
     pub fn load(&self, events_tail: usize) -> Result<Snapshot, StoreError> {
+        let checkpoint = self.checkpoints.load()?;
         let path = &self.path;
         let txn = {
             let g = self.lock();
@@ -339,37 +390,36 @@ impl Store {
             ..Snapshot::default()
         };
         {
-            let t = txn.open_table(FENCES).map_err(|e| err(e.into()))?;
-            snap.fences
-                .reserve(t.len().map_err(|e| err(e.into()))? as usize);
+            let t = txn.open_table(INPUT).map_err(|e| err(e.into()))?;
             for r in t.iter().map_err(|e| err(e.into()))? {
-                let (_, v) = r.map_err(|e| err(e.into()))?;
-                snap.fences.push(v.value().to_string());
+                let (k, v) = r.map_err(|e| err(e.into()))?;
+                let (shard, seq) = k.value();
+                let covered = checkpoint
+                    .meta
+                    .positions
+                    .get(shard as usize)
+                    .map_or(0, |p| p.0);
+                if seq > covered {
+                    snap.inputs.push((shard, seq, v.value().to_vec()));
+                }
             }
         }
         {
-            let t = txn.open_table(DEVICES).map_err(|e| err(e.into()))?;
-            snap.devices
-                .reserve(t.len().map_err(|e| err(e.into()))? as usize);
-            for r in t.iter().map_err(|e| err(e.into()))? {
+            let t = txn.open_table(FENCE_CHANGES).map_err(|e| err(e.into()))?;
+            for r in t
+                .range(checkpoint.meta.fence_change.saturating_add(1)..)
+                .map_err(|e| err(e.into()))?
+            {
                 let (k, v) = r.map_err(|e| err(e.into()))?;
-                let id = k.value();
-                let d = codec::decode_device(id, v.value()).map_err(|e| StoreError::Decode {
-                    path: path.clone(),
-                    table: DEVICES.name(),
-                    key: id.to_string(),
-                    detail: e.0,
-                })?;
-                snap.devices.push(d);
+                snap.fence_changes.push((k.value(), v.value().to_vec()));
             }
         }
-        if events_tail > 0 {
-            let t = txn.open_table(EVENTS).map_err(|e| err(e.into()))?;
-            for r in t.iter().map_err(|e| err(e.into()))?.rev().take(events_tail) {
-                let (k, v) = r.map_err(|e| err(e.into()))?;
-                snap.events.push((k.value(), v.value().to_string()));
-            }
-            snap.events.reverse();
+        {
+            let t = txn
+                .open_table(events::EVENT_PAGES)
+                .map_err(|e| err(e.into()))?;
+            snap.events = events::read_tail(&t, events_tail, checkpoint.meta.event_floor.max(1))
+                .map_err(err)?;
         }
         {
             let t = txn.open_table(CURSORS).map_err(|e| err(e.into()))?;
@@ -378,6 +428,7 @@ impl Store {
                 snap.cursors.push((k.value().to_string(), v.value()));
             }
         }
+        snap.checkpoint = checkpoint;
         Ok(snap)
     }
 
@@ -424,7 +475,10 @@ impl Store {
             Flush::Deferred => redb::Durability::None,
         })
         .map_err(|e| err("set durability")(e.into()))?;
-        let floor = self.event_floor.load(Ordering::Acquire);
+        let floor = self
+            .event_floor
+            .load(Ordering::Acquire)
+            .min(self.replay_floor.load(Ordering::Acquire));
         write_batch(&txn, batch, floor).map_err(err("write"))?;
         txn.commit().map_err(|e| err("commit")(e.into()))?;
         Ok(())
@@ -441,35 +495,32 @@ fn needs_reopen(e: &redb::TransactionError) -> bool {
 }
 
 fn write_batch(txn: &redb::WriteTransaction, b: &Batch, floor: u64) -> Result<(), redb::Error> {
-    if !b.devices_put.is_empty() || !b.devices_del.is_empty() {
-        let mut t = txn.open_table(DEVICES)?;
-        for id in &b.devices_del {
-            t.remove(id.as_str())?;
+    if !b.inputs.is_empty() || !b.truncate_inputs.is_empty() {
+        let mut t = txn.open_table(INPUT)?;
+        for (shard, seq, rec) in &b.inputs {
+            t.insert((*shard, *seq), rec.as_slice())?;
         }
-        let mut buf = Vec::with_capacity(256);
-        for d in &b.devices_put {
-            buf.clear();
-            codec::encode_device(d, &mut buf);
-            t.insert(d.id.as_str(), buf.as_slice())?;
+        for &(shard, upto) in &b.truncate_inputs {
+            t.retain_in((shard, 0)..=(shard, upto), |_, _| false)?;
         }
     }
-    if !b.fences_put.is_empty() || !b.fences_del.is_empty() {
-        let mut t = txn.open_table(FENCES)?;
-        for id in &b.fences_del {
-            t.remove(id.as_str())?;
+    if !b.fence_changes.is_empty() || b.truncate_fence_changes.is_some() {
+        let mut t = txn.open_table(FENCE_CHANGES)?;
+        for (n, change) in &b.fence_changes {
+            t.insert(*n, change.as_slice())?;
         }
-        for (id, f) in &b.fences_put {
-            t.insert(id.as_str(), f.as_str())?;
+        if let Some(upto) = b.truncate_fence_changes {
+            t.retain_in(..=upto, |_, _| false)?;
         }
     }
     if !b.events.is_empty() || b.trim_events_below.is_some() {
-        let mut t = txn.open_table(EVENTS)?;
-        for (seq, json) in &b.events {
-            t.insert(*seq, &**json)?;
+        let mut t = txn.open_table(events::EVENT_PAGES)?;
+        if let Some(first) = b.events.first() {
+            t.insert(first.0, events::encode_page(&b.events).as_slice())?;
         }
         if let Some(below) = b.trim_events_below {
             // Events a webhook sink still needs are kept past the log's retention.
-            t.retain_in(..below.min(floor), |_, _| false)?;
+            events::trim(&mut t, below.min(floor))?;
         }
     }
     if b.watermark.is_some() || b.max_seen.is_some() || b.next_seq.is_some() {
@@ -586,9 +637,9 @@ fn init_or_verify(db: &Database, path: &Path) -> Result<(), StoreError> {
             .map_err(|e| db_err(path, "create tables", e))?;
     }
     let mk = |r: Result<(), redb::TableError>| r.map_err(|e| db_err(path, "create tables", e));
-    mk(txn.open_table(FENCES).map(drop))?;
-    mk(txn.open_table(DEVICES).map(drop))?;
-    mk(txn.open_table(EVENTS).map(drop))?;
+    mk(txn.open_table(INPUT).map(drop))?;
+    mk(txn.open_table(FENCE_CHANGES).map(drop))?;
+    mk(txn.open_table(events::EVENT_PAGES).map(drop))?;
     mk(txn.open_table(CURSORS).map(drop))?;
     txn.commit().map_err(|e| db_err(path, "create tables", e))?;
     Ok(())

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::*;
-use geodwell_core::engine::{Engine, EngineConfig};
+use geodwell_core::engine::{DeviceState, Engine, EngineConfig};
 use geodwell_core::event::Event;
 use geodwell_core::fences::{FenceLimits, parse_fences_str};
 use geodwell_core::fix::{DEFAULT_MAX_DEVICE_LEN, Fix};
@@ -107,6 +107,26 @@ fn device(id: &str, t: i64) -> DeviceState {
     }
 }
 
+/// Writes a checkpoint of `devices` and `fences` (puts) into `s`.
+fn checkpoint(s: &Store, devices: &[DeviceState], fences: &[(String, String)]) {
+    let mut w = s.checkpoints().writer().unwrap();
+    w.devices(devices).unwrap();
+    let f: Vec<(String, Option<String>)> = fences
+        .iter()
+        .map(|(id, t)| (id.clone(), Some(t.clone())))
+        .collect();
+    w.fences(&f).unwrap();
+    w.commit(&CheckpointMeta {
+        round: 1,
+        shards: 1,
+        fence_change: 0,
+        // No event is one a replay could produce again: only the tail is loaded.
+        event_floor: u64::MAX,
+        positions: vec![(0, None)],
+    })
+    .unwrap();
+}
+
 #[test]
 fn open_commit_load_round_trip_with_an_engine_export() {
     let dir = TempDir::new("roundtrip");
@@ -115,10 +135,10 @@ fn open_commit_load_round_trip_with_an_engine_export() {
         let s = Store::open(dir.path()).unwrap();
         let fresh = s.load(10).unwrap();
         assert_eq!(fresh.next_seq, 1, "a new store starts at seq 1");
-        assert!(fresh.devices.is_empty() && fresh.watermark.is_none());
+        assert!(fresh.checkpoint.devices.is_empty() && fresh.watermark.is_none());
+        assert_eq!(fresh.checkpoint.meta.round, 0, "an empty checkpoint");
+        checkpoint(&s, &devices, &fences);
         let batch = Batch {
-            devices_put: devices.clone(),
-            fences_put: fences.clone(),
             events: events
                 .iter()
                 .enumerate()
@@ -137,13 +157,13 @@ fn open_commit_load_round_trip_with_an_engine_export() {
     let snap = s.load(2).unwrap();
     let mut want = devices.clone();
     want.sort_by(|a, b| a.id.cmp(&b.id));
-    assert_eq!(snap.devices, want);
+    assert_eq!(snap.checkpoint.devices, want);
     let mut want_f: Vec<String> = fences.iter().map(|f| f.1.clone()).collect();
     want_f.sort_by_key(|f| {
         let v: serde_json::Value = serde_json::from_str(f).unwrap();
         v["id"].as_str().unwrap().to_string()
     });
-    assert_eq!(snap.fences, want_f);
+    assert_eq!(snap.checkpoint.fences, want_f);
     assert_eq!(snap.watermark, Some(T0 + 5000));
     assert_eq!(snap.max_seen, Some(T0 + 50_000));
     let n = events.len() as u64;
@@ -160,25 +180,36 @@ fn open_commit_load_round_trip_with_an_engine_export() {
     for f in parse_fences_str(FENCES_JSON, &FenceLimits::default()).unwrap() {
         e.upsert_fence(Arc::new(f), &mut Vec::new());
     }
-    e.restore(snap.devices.clone(), snap.watermark.map(Ts))
+    e.restore(snap.checkpoint.devices.clone(), snap.watermark.map(Ts))
         .unwrap();
     let mut again = e.export();
     again.sort_by(|a, b| a.id.cmp(&b.id));
     assert_eq!(again, want);
-    // Deletes, trims and later values.
+    // Trims and later values; a fence deleted by the next checkpoint. A trim deletes whole
+    // commits' events: one more commit, then a trim below it.
+    s.commit(
+        &Batch {
+            events: vec![(n + 1, event_json(n + 1, 99))],
+            next_seq: Some(n + 2),
+            ..Batch::default()
+        },
+        Flush::Deferred,
+    )
+    .unwrap();
     let b2 = Batch {
-        devices_del: vec!["a".into()],
-        fences_del: vec!["circle".into()],
-        trim_events_below: Some(n),
+        trim_events_below: Some(n + 1),
         watermark: Some(T0 + 6000),
         ..Batch::default()
     };
     s.commit(&b2, Flush::Deferred).unwrap();
+    let mut w = s.checkpoints().writer().unwrap();
+    w.fences(&[("circle".into(), None)]).unwrap();
+    w.commit(&CheckpointMeta::default()).unwrap();
     let snap = s.load(100).unwrap();
-    assert_eq!(snap.devices.len(), 2);
-    assert_eq!(snap.fences.len(), 1);
+    assert_eq!(snap.checkpoint.devices.len(), 3);
+    assert_eq!(snap.checkpoint.fences.len(), 1);
     assert_eq!(snap.events.len(), 1);
-    assert_eq!(snap.events[0].0, n);
+    assert_eq!(snap.events[0].0, n + 1);
     assert_eq!(snap.watermark, Some(T0 + 6000));
 }
 
@@ -191,7 +222,7 @@ fn another_schema_version_is_refused() {
         let txn = db.begin_write().unwrap();
         txn.open_table(META)
             .unwrap()
-            .insert(K_SCHEMA, 2u32.to_le_bytes().as_slice())
+            .insert(K_SCHEMA, 3u32.to_le_bytes().as_slice())
             .unwrap();
         txn.commit().unwrap();
     }
@@ -200,14 +231,14 @@ fn another_schema_version_is_refused() {
         matches!(
             e,
             StoreError::SchemaMismatch {
-                found: 2,
+                found: 3,
                 expected: SCHEMA_VERSION,
                 ..
             }
         ),
         "{e}"
     );
-    assert!(e.to_string().contains("schema version 2"), "{e}");
+    assert!(e.to_string().contains("schema version 3"), "{e}");
     assert!(matches!(
         check(dir.path()),
         Err(StoreError::SchemaMismatch { .. })
@@ -221,7 +252,10 @@ fn a_foreign_redb_file_is_refused() {
     {
         let db = redb::Database::create(dir.path().join(FILE_NAME)).unwrap();
         let txn = db.begin_write().unwrap();
-        txn.open_table(FENCES).unwrap().insert("x", "y").unwrap();
+        txn.open_table(checkpoint::FENCES)
+            .unwrap()
+            .insert("x", "y")
+            .unwrap();
         txn.commit().unwrap();
     }
     let e = Store::open(dir.path()).unwrap_err();
@@ -247,15 +281,12 @@ fn a_corrupt_file_is_refused_and_left_untouched() {
     let dir2 = TempDir::new("corrupt2");
     {
         let s = Store::open(dir2.path()).unwrap();
-        let b = Batch {
-            devices_put: (0..2000)
-                .map(|i| device(&format!("d{i}"), T0 + i))
-                .collect(),
-            ..Batch::default()
-        };
-        s.commit(&b, Flush::Fsync).unwrap();
+        let devices: Vec<DeviceState> = (0..2000)
+            .map(|i| device(&format!("d{i}"), T0 + i))
+            .collect();
+        checkpoint(&s, &devices, &[]);
     }
-    let p2 = dir2.path().join(FILE_NAME);
+    let p2 = dir2.path().join(checkpoint::CHECKPOINT_FILE);
     let mut bytes = std::fs::read(&p2).unwrap();
     let len = bytes.len();
     for b in &mut bytes[4096..len] {
@@ -264,7 +295,10 @@ fn a_corrupt_file_is_refused_and_left_untouched() {
     std::fs::write(&p2, &bytes).unwrap();
     match Store::open(dir2.path()).and_then(|s| s.load(0)) {
         Err(e) => eprintln!("damaged body refused: {e}"),
-        Ok(snap) => panic!("damaged store loaded {} devices", snap.devices.len()),
+        Ok(snap) => panic!(
+            "damaged store loaded {} devices",
+            snap.checkpoint.devices.len()
+        ),
     }
 }
 
@@ -317,9 +351,8 @@ fn check_reports_a_good_and_a_bad_store() {
     let n = events.len() as u64;
     {
         let s = Store::open(dir.path()).unwrap();
+        checkpoint(&s, &devices, &fences);
         let b = Batch {
-            devices_put: devices.clone(),
-            fences_put: fences.clone(),
             events: (1..=n).map(|i| (i, event_json(i, i as i64))).collect(),
             next_seq: Some(n + 1),
             watermark: Some(T0),
@@ -340,15 +373,25 @@ fn check_reports_a_good_and_a_bad_store() {
     {
         let db = redb::Database::open(dir.path().join(FILE_NAME)).unwrap();
         let txn = db.begin_write().unwrap();
-        txn.open_table(DEVICES)
+        txn.open_table(events::EVENT_PAGES)
+            .unwrap()
+            .insert(
+                n + 5,
+                events::encode_page(&[(n + 5, event_json(n + 5, 0))]).as_slice(),
+            )
+            .unwrap();
+        txn.open_table(INPUT)
+            .unwrap()
+            .insert((0, 1), [9u8].as_slice())
+            .unwrap();
+        txn.commit().unwrap();
+        let db = redb::Database::open(dir.path().join(checkpoint::CHECKPOINT_FILE)).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(checkpoint::DEVICES)
             .unwrap()
             .insert("broken", [1u8, 7, 7].as_slice())
             .unwrap();
-        txn.open_table(EVENTS)
-            .unwrap()
-            .insert(n + 5, &*event_json(n + 5, 0))
-            .unwrap();
-        txn.open_table(FENCES)
+        txn.open_table(checkpoint::FENCES)
             .unwrap()
             .insert("nofence", "{}")
             .unwrap();
@@ -362,6 +405,7 @@ fn check_reports_a_good_and_a_bad_store() {
     assert!(text.contains("gap"), "{text}");
     assert!(text.contains("next_seq"), "{text}");
     assert!(text.contains("fences \"nofence\""), "{text}");
+    assert!(text.contains("input log (0, 1)"), "{text}");
     let e = Store::open(dir.path()).unwrap().load(0).unwrap_err();
     assert!(matches!(e, StoreError::Decode { .. }), "{e}");
     // No store at all.
@@ -391,29 +435,28 @@ fn warm_start_of_1_9m_pairs() {
     let t = std::time::Instant::now();
     {
         let s = Store::open(dir.path()).unwrap();
+        let mut w = s.checkpoints().writer().unwrap();
         for chunk in (0..devices).collect::<Vec<_>>().chunks(100_000) {
-            let b = Batch {
-                devices_put: chunk
-                    .iter()
-                    .map(|&i| {
-                        let at = T0 + i64::from(i);
-                        let mut pairs = vec![("sq".to_string(), pair(at))];
-                        if i % 10 != 0 {
-                            pairs.push(("circle".to_string(), pair(at + 1000)));
-                        }
-                        DeviceState {
-                            id: format!("device-{i:07}"),
-                            last_applied: Some(at),
-                            last_position: Some((50.005, 10.005)),
-                            buffer: vec![],
-                            pairs,
-                        }
-                    })
-                    .collect(),
-                ..Batch::default()
-            };
-            s.commit(&b, Flush::Deferred).unwrap();
+            let b: Vec<DeviceState> = chunk
+                .iter()
+                .map(|&i| {
+                    let at = T0 + i64::from(i);
+                    let mut pairs = vec![("sq".to_string(), pair(at))];
+                    if i % 10 != 0 {
+                        pairs.push(("circle".to_string(), pair(at + 1000)));
+                    }
+                    DeviceState {
+                        id: format!("device-{i:07}"),
+                        last_applied: Some(at),
+                        last_position: Some((50.005, 10.005)),
+                        buffer: vec![],
+                        pairs,
+                    }
+                })
+                .collect();
+            w.devices(&b).unwrap();
         }
+        w.commit(&CheckpointMeta::default()).unwrap();
         s.commit(
             &Batch {
                 watermark: Some(T0),
@@ -423,7 +466,9 @@ fn warm_start_of_1_9m_pairs() {
         )
         .unwrap();
     }
-    let bytes = std::fs::metadata(dir.path().join(FILE_NAME)).unwrap().len();
+    let bytes = std::fs::metadata(dir.path().join(checkpoint::CHECKPOINT_FILE))
+        .unwrap()
+        .len();
     eprintln!(
         "wrote {devices} devices in {:?}, file {} MB",
         t.elapsed(),
@@ -434,14 +479,14 @@ fn warm_start_of_1_9m_pairs() {
     let opened = t.elapsed();
     let snap = s.load(10_000).unwrap();
     let loaded = t.elapsed();
-    let pairs: usize = snap.devices.iter().map(|d| d.pairs.len()).sum();
-    assert_eq!(snap.devices.len(), devices as usize);
+    let pairs: usize = snap.checkpoint.devices.iter().map(|d| d.pairs.len()).sum();
+    assert_eq!(snap.checkpoint.devices.len(), devices as usize);
     assert_eq!(pairs, 1_900_000);
     let mut e = Engine::new(EngineConfig::default());
     for f in parse_fences_str(FENCES_JSON, &FenceLimits::default()).unwrap() {
         e.upsert_fence(Arc::new(f), &mut Vec::new());
     }
-    let r = e.restore(snap.devices, Some(Ts(T0))).unwrap();
+    let r = e.restore(snap.checkpoint.devices, Some(Ts(T0))).unwrap();
     let restored = t.elapsed();
     eprintln!(
         "warm start: open {opened:?}, open+load {loaded:?}, +engine restore {restored:?} ({} devices, {} pairs)",
@@ -450,12 +495,14 @@ fn warm_start_of_1_9m_pairs() {
     // After a crash: a copy taken while the store is open needs redb's repair on open.
     let crashed = TempDir::new("warm-crashed");
     std::fs::create_dir_all(crashed.path()).unwrap();
-    std::fs::copy(dir.path().join(FILE_NAME), crashed.path().join(FILE_NAME)).unwrap();
+    for f in [FILE_NAME, checkpoint::CHECKPOINT_FILE] {
+        std::fs::copy(dir.path().join(f), crashed.path().join(f)).unwrap();
+    }
     drop(s);
     let t = std::time::Instant::now();
     let s = Store::open(crashed.path()).unwrap();
     let opened = t.elapsed();
-    let n = s.load(10_000).unwrap().devices.len();
+    let n = s.load(10_000).unwrap().checkpoint.devices.len();
     eprintln!(
         "after a crash: open (with repair) {opened:?}, open+load {:?} ({n} devices)",
         t.elapsed()
@@ -467,14 +514,20 @@ fn check_repairs_a_store_that_was_not_closed_cleanly() {
     let dir = TempDir::new("unclean");
     let copy = TempDir::new("unclean-copy");
     let s = Store::open(dir.path()).unwrap();
-    let b = Batch {
-        devices_put: vec![device("a", 1), device("b", 2)],
-        ..Batch::default()
-    };
-    s.commit(&b, Flush::Fsync).unwrap();
+    checkpoint(&s, &[device("a", 1), device("b", 2)], &[]);
+    s.commit(
+        &Batch {
+            inputs: vec![(0, 1, vec![2, 7])],
+            ..Batch::default()
+        },
+        Flush::Fsync,
+    )
+    .unwrap();
     // A copy taken while the store is open looks like the file after a crash.
     std::fs::create_dir_all(copy.path()).unwrap();
-    std::fs::copy(dir.path().join(FILE_NAME), copy.path().join(FILE_NAME)).unwrap();
+    for f in [FILE_NAME, checkpoint::CHECKPOINT_FILE] {
+        std::fs::copy(dir.path().join(f), copy.path().join(f)).unwrap();
+    }
     drop(s);
     let r = check(copy.path()).unwrap();
     eprintln!("{r}");
@@ -485,5 +538,126 @@ fn check_repairs_a_store_that_was_not_closed_cleanly() {
         "the copy needed a repair, and the report says so"
     );
     let snap = Store::open(copy.path()).unwrap().load(0).unwrap();
-    assert_eq!(snap.devices.len(), 2, "a crash loses no synced commit");
+    assert_eq!(
+        snap.checkpoint.devices.len(),
+        2,
+        "a crash loses no synced commit"
+    );
+    assert_eq!(snap.inputs, vec![(0, 1, vec![2, 7])]);
+}
+
+#[test]
+fn the_input_log_after_a_checkpoint_is_loaded_and_what_it_covers_truncated() {
+    let dir = TempDir::new("inputlog");
+    let s = Store::open(dir.path()).unwrap();
+    let rec = |shard: u16, seq: u64| (shard, seq, vec![shard as u8, seq as u8]);
+    s.commit(
+        &Batch {
+            inputs: (1..=5).flat_map(|q| [rec(0, q), rec(1, q)]).collect(),
+            fence_changes: (1..=3).map(|n| (n, vec![0, b'x'])).collect(),
+            ..Batch::default()
+        },
+        Flush::Fsync,
+    )
+    .unwrap();
+    let mut w = s.checkpoints().writer().unwrap();
+    w.devices(&[]).unwrap();
+    w.commit(&CheckpointMeta {
+        round: 4,
+        shards: 2,
+        fence_change: 2,
+        event_floor: 1,
+        positions: vec![(3, Some(T0)), (1, None)],
+    })
+    .unwrap();
+    let snap = s.load(0).unwrap();
+    assert_eq!(snap.checkpoint.meta.round, 4);
+    assert_eq!(
+        snap.inputs,
+        vec![
+            rec(0, 4),
+            rec(0, 5),
+            rec(1, 2),
+            rec(1, 3),
+            rec(1, 4),
+            rec(1, 5)
+        ],
+        "each shard's records after its position, in order"
+    );
+    assert_eq!(snap.fence_changes, vec![(3, vec![0, b'x'])]);
+    s.commit(
+        &Batch {
+            truncate_inputs: vec![(0, 3), (1, 1)],
+            truncate_fence_changes: Some(2),
+            ..Batch::default()
+        },
+        Flush::Fsync,
+    )
+    .unwrap();
+    let r = check(dir.path()).unwrap_err();
+    // The records are not decodable input (the test's bytes), but what was covered is gone.
+    let _ = r;
+    drop(s);
+    let db = redb::Database::open(dir.path().join(FILE_NAME)).unwrap();
+    let txn = db.begin_read().unwrap();
+    let t = txn.open_table(INPUT).unwrap();
+    let keys: Vec<(u16, u64)> = t.iter().unwrap().map(|r| r.unwrap().0.value()).collect();
+    assert_eq!(keys, vec![(0, 4), (0, 5), (1, 2), (1, 3), (1, 4), (1, 5)]);
+    let t = txn.open_table(FENCE_CHANGES).unwrap();
+    assert_eq!(t.iter().unwrap().count(), 1);
+}
+
+#[test]
+fn a_version_1_store_is_refused_and_migrated_on_request() {
+    let dir = TempDir::new("migrate");
+    std::fs::create_dir_all(dir.path()).unwrap();
+    let (devices, fences, _) = small_engine();
+    // A version-1 store as that version wrote it.
+    {
+        let db = redb::Database::create(dir.path().join(FILE_NAME)).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut m = txn.open_table(META).unwrap();
+            m.insert(K_SCHEMA, 1u32.to_le_bytes().as_slice()).unwrap();
+            m.insert(K_NEXT_SEQ, 8u64.to_le_bytes().as_slice()).unwrap();
+            let mut d = txn.open_table(checkpoint::DEVICES).unwrap();
+            let mut buf = Vec::new();
+            for dev in &devices {
+                buf.clear();
+                codec::encode_device(dev, &mut buf);
+                d.insert(dev.id.as_str(), buf.as_slice()).unwrap();
+            }
+            let mut f = txn.open_table(checkpoint::FENCES).unwrap();
+            for (id, text) in &fences {
+                f.insert(id.as_str(), text.as_str()).unwrap();
+            }
+            let mut e = txn
+                .open_table(redb::TableDefinition::<u64, &str>::new("events"))
+                .unwrap();
+            e.insert(7, &*event_json(7, 0)).unwrap();
+            txn.open_table(CURSORS).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let e = Store::open(dir.path()).unwrap_err();
+    assert!(e.to_string().contains("geodwell store migrate"), "{e}");
+    assert_eq!(
+        migrate(dir.path()).unwrap(),
+        Migrated::FromV1 {
+            fences: 2,
+            devices: 3
+        }
+    );
+    assert_eq!(migrate(dir.path()).unwrap(), Migrated::AlreadyCurrent);
+    let s = Store::open(dir.path()).unwrap();
+    let snap = s.load(10).unwrap();
+    let mut want = devices.clone();
+    want.sort_by(|a, b| a.id.cmp(&b.id));
+    assert_eq!(snap.checkpoint.devices, want);
+    assert_eq!(snap.checkpoint.fences.len(), 2);
+    assert_eq!(snap.next_seq, 8);
+    assert_eq!(snap.events.len(), 1, "events stay where they were");
+    drop(s);
+    let r = check(dir.path()).unwrap();
+    assert!(r.is_ok(), "{r}");
 }

@@ -24,7 +24,8 @@ use std::sync::atomic::Ordering;
 
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, TableError};
 
-use super::{CURSORS, EVENTS, Flush, Store, StoreError, db_err};
+use super::events::{EVENT_PAGES, read_range};
+use super::{CURSORS, Flush, Store, StoreError, db_err};
 
 /// API-created sinks: id -> definition JSON.
 pub(crate) const WEBHOOK_SINKS: TableDefinition<&str, &str> = TableDefinition::new("webhook_sinks");
@@ -175,15 +176,10 @@ impl Store {
         }
         let txn = self.begin_read_txn("read events")?;
         let err = |e: redb::Error| db_err(path, "read events", e);
-        let Some(t) = open_read(&txn, EVENTS).map_err(|e| err(e.into()))? else {
+        let Some(t) = open_read(&txn, EVENT_PAGES).map_err(|e| err(e.into()))? else {
             return Ok(Vec::new());
         };
-        let mut out = Vec::new();
-        for r in t.range(from..below).map_err(|e| err(e.into()))?.take(limit) {
-            let (k, v) = r.map_err(|e| err(e.into()))?;
-            out.push((k.value(), v.value().to_string()));
-        }
-        Ok(out)
+        read_range(&t, from, below, limit).map_err(err)
     }
 
     /// Asks every later commit to keep the stored events with `seq >= seq` even when the event
@@ -338,17 +334,20 @@ mod tests {
         let (_root, dir) = temp("hold");
         let store = Store::open(&dir).unwrap();
         store.hold_events_from(4);
-        store
-            .commit(
-                &Batch {
-                    events: events(1..11),
-                    trim_events_below: Some(8),
-                    next_seq: Some(11),
-                    ..Batch::default()
-                },
-                Flush::Fsync,
-            )
-            .unwrap();
+        // One event per commit: a trim deletes whole commits' events.
+        for seq in 1..11 {
+            store
+                .commit(
+                    &Batch {
+                        events: events(seq..seq + 1),
+                        trim_events_below: (seq == 10).then_some(8),
+                        next_seq: Some(seq + 1),
+                        ..Batch::default()
+                    },
+                    Flush::Fsync,
+                )
+                .unwrap();
+        }
         let got = store.read_events(0, 100, 100).unwrap();
         assert_eq!(
             got.iter().map(|(s, _)| *s).collect::<Vec<_>>(),

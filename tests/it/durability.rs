@@ -141,6 +141,21 @@ async fn all_events(http: &reqwest::Client, base: &str) -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_at_random_moments_loses_and_doubles_nothing() {
+    // The whole run is shorter than the default checkpoint interval: every restart replays the
+    // input log from the start.
+    kill_9_run(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_between_and_during_checkpoints_loses_and_doubles_nothing() {
+    // Checkpoints every 50 ms: restarts find a checkpoint and replay the log after it; a kill
+    // lands before, during or after a checkpoint and its truncation of the log.
+    kill_9_run(&[("GEODWELL_CHECKPOINT_INTERVAL", "50ms")]).await;
+}
+
+/// Sends the replay trace to a server killed with SIGKILL at five batches (some in flight) and
+/// restarted on the same data dir, and compares its events with an uninterrupted run's.
+async fn kill_9_run(env: &[(&str, &str)]) {
     let batches = replay_batches();
     let http = reqwest::Client::new();
     let fence = square(
@@ -179,7 +194,7 @@ async fn kill_9_at_random_moments_loses_and_doubles_nothing() {
 
     // Crashing run: kill -9 at pseudo-random batches, sometimes while a batch is in flight.
     let dir = temp_dir();
-    let (mut child, mut base) = spawn_bin(dir.path(), "30s", &[]);
+    let (mut child, mut base) = spawn_bin(dir.path(), "30s", env);
     http.put(format!("{base}/v1/fences/yard"))
         .json(&fence)
         .send()
@@ -214,7 +229,7 @@ async fn kill_9_at_random_moments_loses_and_doubles_nothing() {
                     .status();
             }
             let _ = child.wait();
-            let (c, b) = spawn_bin(dir.path(), "30s", &[]);
+            let (c, b) = spawn_bin(dir.path(), "30s", env);
             child = c;
             base = b;
         }
@@ -247,6 +262,9 @@ async fn kill_9_at_random_moments_loses_and_doubles_nothing() {
     let mut want: Vec<String> = expected.iter().map(|e| e["id"].to_string()).collect();
     want.sort();
     assert_eq!(got_ids, want, "exactly the events of the uninterrupted run");
+    let report = geodwell::store::check(dir.path()).expect("the store checks");
+    eprintln!("{report}");
+    assert!(report.is_ok(), "{report}");
 }
 
 /// Unmounts a test tmpfs when dropped (before the temp dir it is mounted on is removed).

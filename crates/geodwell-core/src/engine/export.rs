@@ -123,12 +123,19 @@ impl Engine {
     }
 
     /// Lists device `d` for the next [`Engine::take_dirty`] (once; nothing without `track_dirty`).
+    /// Called *before* any change to the device's durable state: while a checkpoint is being
+    /// taken, a device it still has to hand out is copied here first, as it was at the freeze.
     #[inline]
     pub(super) fn mark_dirty(&mut self, d: DeviceSlot) {
         if !self.cfg.track_dirty {
             return;
         }
         let (word, bit) = (d.index() / 64, 1u64 << (d.0 % 64));
+        if self.frozen_bits.get(word).is_some_and(|w| w & bit != 0) {
+            self.frozen_bits[word] &= !bit;
+            let copy = self.export_device(d);
+            self.copied.push(copy);
+        }
         if word >= self.dirty_bits.len() {
             self.dirty_bits.resize(word + 1, 0);
         }
@@ -136,6 +143,70 @@ impl Engine {
             self.dirty_bits[word] |= bit;
             self.dirty.push(d);
         }
+    }
+
+    /// Marks every device changed, so that the next checkpoint hands all of them out (after a
+    /// checkpoint that could not be stored).
+    pub fn mark_all_dirty(&mut self) {
+        for d in 0..self.devices.len() as u32 {
+            self.mark_dirty(DeviceSlot(d));
+        }
+    }
+
+    /// Starts a checkpoint: freezes the set of devices whose durable state changed since the
+    /// previous checkpoint (or [`Engine::take_dirty`]), as of now, and returns how many there
+    /// are. [`Engine::checkpoint_next`] then hands them out a few at a time, each as it was at
+    /// this moment, while the engine goes on taking input: a device about to change is copied
+    /// first (copy on write). Storing every device handed out, over the previous checkpoint,
+    /// gives the engine's state at the freeze. A checkpoint still running is finished first
+    /// (its devices are handed out with the new one's).
+    pub fn checkpoint_begin(&mut self) -> usize {
+        let dirty = std::mem::take(&mut self.dirty);
+        for &d in &dirty {
+            let (word, bit) = (d.index() / 64, 1u64 << (d.0 % 64));
+            self.dirty_bits[word] &= !bit;
+            if word >= self.frozen_bits.len() {
+                self.frozen_bits.resize(word + 1, 0);
+            }
+            if self.frozen_bits[word] & bit == 0 {
+                self.frozen_bits[word] |= bit;
+                self.frozen.push(d);
+            }
+        }
+        self.frozen.len() - self.frozen_next + self.copied.len()
+    }
+
+    /// Hands out up to `max` devices of the running checkpoint (copies made on write first) into
+    /// `out`; true once the checkpoint has handed out every device (nothing is running then).
+    pub fn checkpoint_next(&mut self, max: usize, out: &mut Vec<DeviceState>) -> bool {
+        let mut n = 0;
+        while n < max
+            && let Some(copy) = self.copied.pop()
+        {
+            out.push(copy);
+            n += 1;
+        }
+        while n < max && self.frozen_next < self.frozen.len() {
+            let d = self.frozen[self.frozen_next];
+            self.frozen_next += 1;
+            let (word, bit) = (d.index() / 64, 1u64 << (d.0 % 64));
+            if self.frozen_bits[word] & bit != 0 {
+                self.frozen_bits[word] &= !bit;
+                out.push(self.export_device(d));
+                n += 1;
+            }
+        }
+        let done = self.frozen_next >= self.frozen.len() && self.copied.is_empty();
+        if done {
+            self.frozen.clear();
+            self.frozen_next = 0;
+        }
+        done
+    }
+
+    /// Devices the running checkpoint has still to hand out (0: none running).
+    pub fn checkpoint_pending(&self) -> usize {
+        self.frozen.len() - self.frozen_next + self.copied.len()
     }
 
     /// The durable state of every device changed since the previous call (for incremental

@@ -54,6 +54,8 @@ impl Engine {
             self.process_device(d, Some(new), out);
             return Ok(Ingested::Accepted);
         }
+        // Before anything of the device changes (a checkpoint in progress copies it first).
+        self.mark_dirty(d);
         let reorder = self.reorders.entry(d).or_insert_with(|| {
             self.flush_gens = self.flush_gens.wrapping_add(1);
             Reorder {
@@ -71,7 +73,6 @@ impl Engine {
             // Of fixes sharing a ts, the first in (lat, lon) order is kept, whatever arrived first.
             if existing.key_cmp(fix.ts, fix.lat, fix.lon).is_gt() {
                 *existing = new;
-                self.mark_dirty(d);
                 return Ok(Ingested::Accepted);
             }
             return Ok(Ingested::Duplicate);
@@ -84,7 +85,6 @@ impl Engine {
         }
         buffer.insert(pos, new);
         self.buffered += 1;
-        self.mark_dirty(d);
         if fix.ts <= w {
             self.process_device(d, None, out);
         } else {

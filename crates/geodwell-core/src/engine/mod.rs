@@ -57,7 +57,7 @@ mod model;
 mod tests;
 
 use ingest::to_event;
-use records::{Device, DeviceIds, DeviceSlot, IdArena, PairSlot, Reorders, pair_slots};
+use records::{Device, DeviceIds, DeviceSlot, IdArena, PairSlot, Reorders, pair_slots, pairs_of};
 
 /// Engine tuning.
 #[derive(Debug, Clone, PartialEq)]
@@ -266,6 +266,14 @@ pub struct Engine {
     /// Fires left in the current step ([`Engine::begin_step`]); `None`: no step, each advance
     /// may fire `max_fires_per_advance`.
     step_fires: Option<usize>,
+    /// The running checkpoint's devices, frozen at [`Engine::checkpoint_begin`]; those before
+    /// `frozen_next` have been handed out.
+    frozen: Vec<DeviceSlot>,
+    frozen_next: usize,
+    /// A bit per device slot: frozen and not yet handed out.
+    frozen_bits: Vec<u64>,
+    /// Frozen devices copied before they changed, waiting to be handed out.
+    copied: Vec<DeviceState>,
 }
 
 impl Engine {
@@ -293,6 +301,10 @@ impl Engine {
             flush_gens: 0,
             candidates: Vec::new(),
             step_fires: None,
+            frozen: Vec::new(),
+            frozen_next: 0,
+            frozen_bits: Vec::new(),
+            copied: Vec::new(),
         }
     }
 
@@ -344,6 +356,13 @@ impl Engine {
             && old.settings.dwell != fence.settings.dwell
         {
             for d in (0..self.devices.len() as u32).map(DeviceSlot) {
+                if !pairs_of(&self.devices, &self.pairs, d)
+                    .any(|p| self.pairs[p.index()].fence == idx)
+                {
+                    continue;
+                }
+                // Before the device's pairs change (a checkpoint in progress copies it first).
+                self.mark_dirty(d);
                 let mut touched = false;
                 let last = self.devices[d.index()].last_applied();
                 let id_at = self.devices[d.index()].id;
@@ -369,6 +388,16 @@ impl Engine {
 
     /// Removes a fence: its pairs are dropped and their timers cancelled, without events.
     pub fn remove_fence(&mut self, id: &str) -> bool {
+        let Some(idx) = self.fences.idx_of(id) else {
+            return false;
+        };
+        // Before anything changes, while the fence is still there (a checkpoint in progress
+        // copies these devices first, pairs of this fence included).
+        for d in (0..self.devices.len() as u32).map(DeviceSlot) {
+            if pairs_of(&self.devices, &self.pairs, d).any(|p| self.pairs[p.index()].fence == idx) {
+                self.mark_dirty(d);
+            }
+        }
         let Some((idx, _)) = self.fences.remove(id) else {
             return false;
         };
@@ -376,7 +405,6 @@ impl Engine {
             for p in pair_slots(&self.devices, &self.pairs, d) {
                 if self.pairs[p.index()].fence == idx {
                     self.free_pair(d, p);
-                    self.mark_dirty(d);
                 }
             }
         }

@@ -1,0 +1,331 @@
+//! The checkpoint file, `checkpoint.redb`: the engines' state at a point of every shard's input
+//! log, written in the background, beside the live file `geodwell.redb` (input log, events,
+//! cursors), so that a long checkpoint never holds up the commits that answer ingest.
+//!
+//! Tables: `fences` (id -> Feature text), `devices` (id -> device record, `codec.rs`), and
+//! `ck_meta`: the schema version, the checkpoint's round, the shard count, the fence change
+//! covered, the lowest event `seq` a replay after it can produce again, and per shard the last
+//! input `seq` covered and the engine's watermark.
+//!
+//! Invariants: one checkpoint is one write transaction ([`CheckpointWriter`]): its devices (those
+//! changed since the previous checkpoint), fence changes and meta commit together or not at all,
+//! so the file always holds exactly one complete checkpoint; devices are keyed by id, not by
+//! shard, so a checkpoint taken at a clean stop restores under any shard count.
+
+use std::path::{Path, PathBuf};
+
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+
+use super::codec::{self, DecodeError};
+use super::{StoreError, db_err, guarded_open};
+use geodwell_core::engine::DeviceState;
+
+/// The checkpoint file's name inside the data directory.
+pub const CHECKPOINT_FILE: &str = "checkpoint.redb";
+
+/// The checkpoint file's layout version.
+pub const CHECKPOINT_SCHEMA: u32 = 1;
+
+pub(crate) const CK_META: TableDefinition<&str, &[u8]> = TableDefinition::new("ck_meta");
+pub(crate) const FENCES: TableDefinition<&str, &str> = TableDefinition::new("fences");
+pub(crate) const DEVICES: TableDefinition<&str, &[u8]> = TableDefinition::new("devices");
+
+const K_SCHEMA: &str = "schema_version";
+const K_STATE: &str = "state";
+
+/// Where a checkpoint stands.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CheckpointMeta {
+    /// Checkpoints written so far (0: none yet, the state of an empty service).
+    pub round: u64,
+    /// Shards at the checkpoint (0: any; the input log after it must be empty to change it).
+    pub shards: u32,
+    /// The last fence change every shard had applied.
+    pub fence_change: u64,
+    /// Events with this `seq` or above may be produced again by a replay after the checkpoint.
+    pub event_floor: u64,
+    /// Per shard: the last input `seq` covered, and the engine's watermark (Unix ms).
+    pub positions: Vec<(u64, Option<i64>)>,
+}
+
+impl CheckpointMeta {
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        codec::put_uv(&mut out, self.round);
+        codec::put_uv(&mut out, u64::from(self.shards));
+        codec::put_uv(&mut out, self.fence_change);
+        codec::put_uv(&mut out, self.event_floor);
+        codec::put_uv(&mut out, self.positions.len() as u64);
+        for (seq, w) in &self.positions {
+            codec::put_uv(&mut out, *seq);
+            match w {
+                Some(w) => {
+                    out.push(1);
+                    codec::put_zz(&mut out, *w);
+                }
+                None => out.push(0),
+            }
+        }
+        out
+    }
+
+    fn decode(b: &[u8]) -> Result<CheckpointMeta, DecodeError> {
+        let mut r = codec::Reader { b, at: 0 };
+        let round = r.uv()?;
+        let shards = u32::try_from(r.uv()?).map_err(|_| r.err("shard count"))?;
+        let fence_change = r.uv()?;
+        let event_floor = r.uv()?;
+        let n = r.len()?;
+        let mut positions = Vec::with_capacity(n);
+        for _ in 0..n {
+            let seq = r.uv()?;
+            let w = if r.bool()? { Some(r.zz()?) } else { None };
+            positions.push((seq, w));
+        }
+        if r.at != b.len() {
+            return Err(r.err("trailing bytes"));
+        }
+        Ok(CheckpointMeta {
+            round,
+            shards,
+            fence_change,
+            event_floor,
+            positions,
+        })
+    }
+}
+
+/// A checkpoint as loaded for a warm start.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Checkpoint {
+    /// Where it stands.
+    pub meta: CheckpointMeta,
+    /// Every fence as Feature text, in id order.
+    pub fences: Vec<String>,
+    /// Every device, in id order.
+    pub devices: Vec<DeviceState>,
+}
+
+/// The checkpoint file.
+pub struct CheckpointStore {
+    path: PathBuf,
+    db: Database,
+}
+
+impl std::fmt::Debug for CheckpointStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CheckpointStore")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+/// One checkpoint being written; nothing of it is visible until [`CheckpointWriter::commit`].
+pub struct CheckpointWriter<'a> {
+    store: &'a CheckpointStore,
+    txn: redb::WriteTransaction,
+    buf: Vec<u8>,
+    /// Device records written.
+    pub devices: u64,
+}
+
+impl CheckpointStore {
+    /// Opens (or creates, with an empty checkpoint) `checkpoint.redb` in `dir`.
+    pub fn open(dir: &Path) -> Result<CheckpointStore, StoreError> {
+        let path = dir.join(CHECKPOINT_FILE);
+        let db = guarded_open(&path, || {
+            Database::builder()
+                // Checkpoints are written once and read at start: keep the cache small.
+                .set_cache_size(32 << 20)
+                .create(&path)
+        })?;
+        let s = CheckpointStore { path, db };
+        s.init_or_verify()?;
+        Ok(s)
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn init_or_verify(&self) -> Result<(), StoreError> {
+        let path = &self.path;
+        let txn = self
+            .db
+            .begin_read()
+            .map_err(|e| db_err(path, "begin read", e))?;
+        let empty = txn
+            .list_tables()
+            .map_err(|e| db_err(path, "list tables", e))?
+            .next()
+            .is_none();
+        if !empty {
+            read_ck_meta(&txn, path)?;
+            return Ok(());
+        }
+        drop(txn);
+        let txn = self
+            .db
+            .begin_write()
+            .map_err(|e| db_err(path, "begin write", e))?;
+        {
+            let mut m = txn
+                .open_table(CK_META)
+                .map_err(|e| db_err(path, "create tables", e))?;
+            m.insert(K_SCHEMA, CHECKPOINT_SCHEMA.to_le_bytes().as_slice())
+                .map_err(|e| db_err(path, "create tables", e))?;
+            m.insert(K_STATE, CheckpointMeta::default().encode().as_slice())
+                .map_err(|e| db_err(path, "create tables", e))?;
+        }
+        let mk = |r: Result<(), redb::TableError>| r.map_err(|e| db_err(path, "create tables", e));
+        mk(txn.open_table(FENCES).map(drop))?;
+        mk(txn.open_table(DEVICES).map(drop))?;
+        txn.commit().map_err(|e| db_err(path, "create tables", e))?;
+        Ok(())
+    }
+
+    /// Reads the checkpoint.
+    pub fn load(&self) -> Result<Checkpoint, StoreError> {
+        let path = &self.path;
+        let txn = self
+            .db
+            .begin_read()
+            .map_err(|e| db_err(path, "begin read", e))?;
+        let err = |e: redb::Error| db_err(path, "load checkpoint", e);
+        let meta = read_ck_meta(&txn, path)?;
+        let mut ck = Checkpoint {
+            meta,
+            ..Checkpoint::default()
+        };
+        {
+            let t = txn.open_table(FENCES).map_err(|e| err(e.into()))?;
+            for r in t.iter().map_err(|e| err(e.into()))? {
+                let (_, v) = r.map_err(|e| err(e.into()))?;
+                ck.fences.push(v.value().to_string());
+            }
+        }
+        {
+            let t = txn.open_table(DEVICES).map_err(|e| err(e.into()))?;
+            ck.devices
+                .reserve(t.len().map_err(|e| err(e.into()))? as usize);
+            for r in t.iter().map_err(|e| err(e.into()))? {
+                let (k, v) = r.map_err(|e| err(e.into()))?;
+                let id = k.value();
+                let d = codec::decode_device(id, v.value()).map_err(|e| StoreError::Decode {
+                    path: path.clone(),
+                    table: "devices",
+                    key: id.to_string(),
+                    detail: e.0,
+                })?;
+                ck.devices.push(d);
+            }
+        }
+        Ok(ck)
+    }
+
+    /// Starts writing the next checkpoint (one write transaction, fsync'd at commit).
+    pub fn writer(&self) -> Result<CheckpointWriter<'_>, StoreError> {
+        let txn = self
+            .db
+            .begin_write()
+            .map_err(|e| db_err(&self.path, "begin checkpoint", e))?;
+        Ok(CheckpointWriter {
+            store: self,
+            txn,
+            buf: Vec::with_capacity(256),
+            devices: 0,
+        })
+    }
+}
+
+impl CheckpointWriter<'_> {
+    fn err(&self, e: impl Into<redb::Error>) -> StoreError {
+        db_err(&self.store.path, "write checkpoint", e)
+    }
+
+    /// Writes device records (replacing those of the same ids).
+    pub fn devices(&mut self, devices: &[DeviceState]) -> Result<(), StoreError> {
+        let mut t = self.txn.open_table(DEVICES).map_err(|e| self.err(e))?;
+        for d in devices {
+            self.buf.clear();
+            codec::encode_device(d, &mut self.buf);
+            t.insert(d.id.as_str(), self.buf.as_slice())
+                .map_err(|e| db_err(&self.store.path, "write checkpoint", e))?;
+        }
+        self.devices += devices.len() as u64;
+        Ok(())
+    }
+
+    /// Writes fence changes: `(id, Some(Feature text))` puts, `(id, None)` deletes.
+    pub fn fences(&mut self, changes: &[(String, Option<String>)]) -> Result<(), StoreError> {
+        let mut t = self.txn.open_table(FENCES).map_err(|e| self.err(e))?;
+        for (id, text) in changes {
+            match text {
+                Some(text) => t.insert(id.as_str(), text.as_str()).map(drop),
+                None => t.remove(id.as_str()).map(drop),
+            }
+            .map_err(|e| db_err(&self.store.path, "write checkpoint", e))?;
+        }
+        Ok(())
+    }
+
+    /// Commits the checkpoint with its meta (fsync'd when this returns).
+    pub fn commit(self, meta: &CheckpointMeta) -> Result<(), StoreError> {
+        let path = self.store.path.clone();
+        {
+            let mut m = self
+                .txn
+                .open_table(CK_META)
+                .map_err(|e| db_err(&path, "write checkpoint", e))?;
+            m.insert(K_STATE, meta.encode().as_slice())
+                .map_err(|e| db_err(&path, "write checkpoint", e))?;
+        }
+        self.txn
+            .commit()
+            .map_err(|e| db_err(&path, "commit checkpoint", e))
+    }
+}
+
+/// Reads and verifies `ck_meta`.
+pub(crate) fn read_ck_meta(
+    txn: &redb::ReadTransaction,
+    path: &Path,
+) -> Result<CheckpointMeta, StoreError> {
+    let t = txn.open_table(CK_META).map_err(|e| match e {
+        redb::TableError::TableDoesNotExist(_) => StoreError::Corrupt {
+            path: path.to_path_buf(),
+            detail: "no ck_meta table: not a geodwell checkpoint file".into(),
+        },
+        e => db_err(path, "read checkpoint meta", e),
+    })?;
+    let get = |k: &str| -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(t.get(k)
+            .map_err(|e| db_err(path, "read checkpoint meta", e))?
+            .map(|v| v.value().to_vec()))
+    };
+    let bad = |k: &str, detail: String| StoreError::Decode {
+        path: path.to_path_buf(),
+        table: "ck_meta",
+        key: k.to_string(),
+        detail,
+    };
+    let v = get(K_SCHEMA)?.ok_or_else(|| StoreError::Corrupt {
+        path: path.to_path_buf(),
+        detail: "ck_meta has no schema_version".into(),
+    })?;
+    let version =
+        u32::from_le_bytes(codec::meta_array(K_SCHEMA, &v).map_err(|e| bad(K_SCHEMA, e.0))?);
+    if version != CHECKPOINT_SCHEMA {
+        return Err(StoreError::SchemaMismatch {
+            path: path.to_path_buf(),
+            found: version,
+            expected: CHECKPOINT_SCHEMA,
+        });
+    }
+    let v = get(K_STATE)?.ok_or_else(|| StoreError::Corrupt {
+        path: path.to_path_buf(),
+        detail: "ck_meta has no state".into(),
+    })?;
+    CheckpointMeta::decode(&v).map_err(|e| bad(K_STATE, e.0))
+}
