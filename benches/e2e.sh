@@ -149,6 +149,17 @@ for durability in none sync; do
       --interval-min 30s --interval-max 30s --no-measure --batch 5000 --quiet \
       --report "$OUT/rss-$durability-$n.json" >/dev/null
     sleep 2
+    if [[ $durability == sync ]]; then
+      # Measured at rest: once the checkpoint rounds that write the load's devices are done
+      # (a round in progress holds its chunks and redb's write buffer for a moment).
+      done_rounds=$(metric_sum geodwell_store_checkpoints_total)
+      for _ in $(seq 1 60); do
+        sleep 0.5
+        now=$(metric_sum geodwell_store_checkpoints_total)
+        (( now >= done_rounds + 2 )) && break
+      done
+      sleep 1
+    fi
     rss=$(rss_kb)
     pairs=$(metric_sum geodwell_pairs_live)
     devices=$(metric_sum geodwell_devices)

@@ -301,6 +301,11 @@ fn finish(
         "checkpoint written"
     );
     status.committed.send_replace(round);
+    // The round's chunks were allocated and freed on the shards' and this thread's arenas: hand
+    // the memory back rather than let it stay in the process's size.
+    if devices > 0 {
+        crate::budget::trim();
+    }
     // The records below the checkpoint go in the publisher's next commit.
     let truncate = (
         seqs.iter()

@@ -239,6 +239,8 @@ impl Service {
             metrics,
             shutdown: trigger.clone(),
             budget,
+            store_file: store.as_ref().map(|s| s.path().to_path_buf()),
+            checkpoints: checkpoints.as_ref().map(|c| c.handle.status.clone()),
             cfg: cfg.clone(),
         }));
         tracing::info!(%addr, shards = cfg.shards, clock = %cfg.clock, lateness = %cfg.lateness, durability = %cfg.durability, fences = fences.len(), "geodwell listening");

@@ -34,6 +34,8 @@ pub struct AppState {
     shutdown: CancellationToken,
     tasks: TaskTracker,
     budget: MemoryBudget,
+    store_file: Option<std::path::PathBuf>,
+    checkpoints: Option<Arc<crate::checkpoint::Status>>,
     subscribers: Arc<tokio::sync::Semaphore>,
     ingest_sockets: Arc<tokio::sync::Semaphore>,
 }
@@ -61,6 +63,10 @@ pub struct Parts {
     pub shutdown: CancellationToken,
     /// The memory budget for queued input.
     pub budget: MemoryBudget,
+    /// The live store file (input log, events), when there is a store.
+    pub store_file: Option<std::path::PathBuf>,
+    /// Where the checkpoint rounds stand, when there is a store.
+    pub checkpoints: Option<Arc<crate::checkpoint::Status>>,
 }
 
 impl AppState {
@@ -70,6 +76,8 @@ impl AppState {
             subscribers: Arc::new(tokio::sync::Semaphore::new(parts.cfg.max_subscribers)),
             ingest_sockets: Arc::new(tokio::sync::Semaphore::new(parts.cfg.max_ws_connections)),
             budget: parts.budget,
+            store_file: parts.store_file,
+            checkpoints: parts.checkpoints,
             auth: Keys::new(parts.cfg.api_keys.clone()),
             cfg: parts.cfg,
             ingest: parts.ingest,
@@ -137,6 +145,16 @@ impl AppState {
     /// Whether shutdown has started.
     pub fn is_shutting_down(&self) -> bool {
         self.shutdown.is_cancelled()
+    }
+
+    /// The live store file, when there is a store.
+    pub fn store_file(&self) -> Option<&std::path::Path> {
+        self.store_file.as_deref()
+    }
+
+    /// Where the checkpoint rounds stand, when there is a store.
+    pub fn checkpoints(&self) -> Option<&crate::checkpoint::Status> {
+        self.checkpoints.as_deref()
     }
 
     /// The memory budget for queued input.

@@ -165,7 +165,7 @@ pub struct BootTimings {
     pub load: Duration,
     /// Parsing the stored fences and fence changes.
     pub fences: Duration,
-    /// Rebuilding the in-memory event log.
+    /// Rebuilding the in-memory event log (on its own thread, beside the shards).
     pub events: Duration,
     /// Restoring the engines from the checkpoint (wall time; shards in parallel).
     pub restore: Duration,
@@ -335,8 +335,6 @@ pub fn boot(cfg: &Config) -> Result<Booted, BootError> {
         + 1;
     timings.fences = lap();
     let next_seq = snap.next_seq.max(1);
-    let (log, events, known) = restore_log(cfg, &snap.events, next_seq, meta.event_floor)?;
-    timings.events = lap();
     let max_seen = snap.max_seen;
     let stored_w = match cfg.clock {
         ClockMode::Live => snap.watermark.map(Ts),
@@ -361,6 +359,7 @@ pub fn boot(cfg: &Config) -> Result<Booted, BootError> {
     for d in std::mem::take(&mut ck.devices) {
         per_shard[shard_of(&d.id, cfg.shards)].devices.push(d);
     }
+    let data_dir = cfg.data_dir.clone();
     for (shard, seq, rec) in std::mem::take(&mut snap.inputs) {
         let plan = per_shard.get_mut(shard as usize).ok_or_else(|| {
             BootError::Corrupt(format!(
@@ -385,14 +384,37 @@ pub fn boot(cfg: &Config) -> Result<Booted, BootError> {
         max_devices: cfg.max_devices.div_ceil(cfg.shards.max(1)),
         track_dirty: store.is_some(),
     };
-    let rebuilt = rebuild(
-        &engine_cfg,
-        &base,
-        &parsed_changes,
-        meta.fence_change,
-        per_shard,
-        cfg.max_device_len,
-    )?;
+    // The event log's tail is rebuilt on a thread of its own while the shards restore and
+    // replay: the two do not depend on each other until the replay's events are matched.
+    let stored_events = std::mem::take(&mut snap.events);
+    let (rebuilt, restored_log) = std::thread::scope(|scope| {
+        let events = scope.spawn(|| {
+            let t = Instant::now();
+            let r = restore_log(cfg, &stored_events, next_seq, meta.event_floor);
+            (r, t.elapsed())
+        });
+        let rebuilt = rebuild(
+            &engine_cfg,
+            &base,
+            &parsed_changes,
+            meta.fence_change,
+            per_shard,
+            cfg.max_device_len,
+            &data_dir,
+        );
+        let restored_log = events.join().unwrap_or_else(|_| {
+            (
+                Err(BootError::Corrupt(
+                    "restoring the event log panicked".into(),
+                )),
+                Duration::ZERO,
+            )
+        });
+        (rebuilt, restored_log)
+    });
+    let (log, events, known) = restored_log.0?;
+    timings.events = restored_log.1;
+    let rebuilt = rebuilt?;
     timings.restore = rebuilt.restore;
     timings.replay = rebuilt.replay;
     timings.per_shard = rebuilt.per_shard;

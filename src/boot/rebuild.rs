@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::BootError;
+use crate::store::RawDevice;
 use crate::store::input::{ShardInput, decode_shard_input};
 use geodwell_core::engine::{DeviceState, Engine, EngineConfig, Restored};
 use geodwell_core::event::Event;
@@ -20,7 +21,7 @@ use geodwell_core::time::Ts;
 /// records after the checkpoint (in `seq` order).
 #[derive(Debug)]
 pub(super) struct ShardPlan {
-    pub(super) devices: Vec<DeviceState>,
+    pub(super) devices: Vec<RawDevice>,
     pub(super) seq: u64,
     pub(super) watermark: Option<Ts>,
     pub(super) inputs: Vec<Vec<u8>>,
@@ -54,6 +55,7 @@ pub(super) fn rebuild(
     fence_change: u64,
     plans: Vec<ShardPlan>,
     max_device_len: usize,
+    data_dir: &std::path::Path,
 ) -> Result<Rebuilt, BootError> {
     let t0 = Instant::now();
     let restore_took = std::sync::Mutex::new(Duration::ZERO);
@@ -71,8 +73,23 @@ pub(super) fn rebuild(
                         engine.upsert_fence(f.clone(), &mut events);
                     }
                     events.clear();
+                    let devices: Vec<DeviceState> = plan
+                        .devices
+                        .iter()
+                        .map(|d| {
+                            d.decode().map_err(|e| {
+                                BootError::Store(crate::store::StoreError::Decode {
+                                    path: data_dir.join(crate::store::checkpoint::CHECKPOINT_FILE),
+                                    table: "devices",
+                                    key: d.id.clone(),
+                                    detail: e.0,
+                                })
+                            })
+                        })
+                        .collect::<Result<_, _>>()?;
+                    drop(plan.devices);
                     let restored = engine
-                        .restore(plan.devices, plan.watermark)
+                        .restore(devices, plan.watermark)
                         .map_err(|e| BootError::Corrupt(e.to_string()))?;
                     {
                         let mut r = restore_took.lock().unwrap_or_else(|p| p.into_inner());

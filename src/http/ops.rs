@@ -81,6 +81,13 @@ pub enum NotReadyStatus {
     ))]
 pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     metrics::gauge!(t::EVENT_LOG_EVENTS).set(st.log().len() as f64);
+    if let Some(f) = st.store_file() {
+        metrics::gauge!(t::STORE_LOG_BYTES)
+            .set(std::fs::metadata(f).map_or(0.0, |m| m.len() as f64));
+    }
+    if let Some(age) = st.checkpoints().and_then(|c| c.age_secs()) {
+        metrics::gauge!(t::STORE_CHECKPOINT_AGE_SECONDS).set(age);
+    }
     (
         [(
             header::CONTENT_TYPE,

@@ -102,8 +102,42 @@ pub struct Checkpoint {
     pub meta: CheckpointMeta,
     /// Every fence as Feature text, in id order.
     pub fences: Vec<String>,
-    /// Every device, in id order.
-    pub devices: Vec<DeviceState>,
+    /// Every device, in id order, still encoded: the warm start decodes them on the shards'
+    /// threads, in parallel.
+    pub devices: Vec<RawDevice>,
+}
+
+/// A device record as stored: its id and its encoding (`codec.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawDevice {
+    /// The device id.
+    pub id: String,
+    /// The encoded state.
+    pub bytes: Vec<u8>,
+}
+
+impl RawDevice {
+    /// The device's state.
+    pub fn decode(&self) -> Result<DeviceState, DecodeError> {
+        codec::decode_device(&self.id, &self.bytes)
+    }
+}
+
+impl Checkpoint {
+    /// Every device decoded (a record that does not decode is `StoreError::Decode`).
+    pub fn decode_devices(&self, path: &Path) -> Result<Vec<DeviceState>, StoreError> {
+        self.devices
+            .iter()
+            .map(|d| {
+                d.decode().map_err(|e| StoreError::Decode {
+                    path: path.to_path_buf(),
+                    table: "devices",
+                    key: d.id.clone(),
+                    detail: e.0,
+                })
+            })
+            .collect()
+    }
 }
 
 /// The checkpoint file.
@@ -136,7 +170,7 @@ impl CheckpointStore {
         let db = guarded_open(&path, || {
             Database::builder()
                 // Checkpoints are written once and read at start: keep the cache small.
-                .set_cache_size(32 << 20)
+                .set_cache_size(8 << 20)
                 .create(&path)
         })?;
         let s = CheckpointStore { path, db };
@@ -211,14 +245,10 @@ impl CheckpointStore {
                 .reserve(t.len().map_err(|e| err(e.into()))? as usize);
             for r in t.iter().map_err(|e| err(e.into()))? {
                 let (k, v) = r.map_err(|e| err(e.into()))?;
-                let id = k.value();
-                let d = codec::decode_device(id, v.value()).map_err(|e| StoreError::Decode {
-                    path: path.clone(),
-                    table: "devices",
-                    key: id.to_string(),
-                    detail: e.0,
-                })?;
-                ck.devices.push(d);
+                ck.devices.push(RawDevice {
+                    id: k.value().to_string(),
+                    bytes: v.value().to_vec(),
+                });
             }
         }
         Ok(ck)

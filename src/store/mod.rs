@@ -51,7 +51,7 @@ use thiserror::Error;
 
 pub use batch::Batch;
 pub use check::{CheckReport, check};
-pub use checkpoint::{Checkpoint, CheckpointMeta, CheckpointStore, CheckpointWriter};
+pub use checkpoint::{Checkpoint, CheckpointMeta, CheckpointStore, CheckpointWriter, RawDevice};
 pub use codec::DecodeError;
 pub use migrate::{Migrated, migrate};
 pub use webhooks::{WEBHOOK_CURSOR_PREFIX, WebhookBatch, WebhookSnapshot, webhook_cursor_key};
@@ -306,7 +306,7 @@ fn open_db(path: &Path) -> Result<Database, StoreError> {
     // The live file is appended to and read back only at start (and by lagging webhook sinks):
     // a small cache is enough, and keeps redb's page cache from growing with the input.
     guarded_open(path, || {
-        Database::builder().set_cache_size(64 << 20).create(path)
+        Database::builder().set_cache_size(4 << 20).create(path)
     })
 }
 

@@ -157,7 +157,7 @@ fn open_commit_load_round_trip_with_an_engine_export() {
     let snap = s.load(2).unwrap();
     let mut want = devices.clone();
     want.sort_by(|a, b| a.id.cmp(&b.id));
-    assert_eq!(snap.checkpoint.devices, want);
+    assert_eq!(snap.checkpoint.decode_devices(s.path()).unwrap(), want);
     let mut want_f: Vec<String> = fences.iter().map(|f| f.1.clone()).collect();
     want_f.sort_by_key(|f| {
         let v: serde_json::Value = serde_json::from_str(f).unwrap();
@@ -180,8 +180,11 @@ fn open_commit_load_round_trip_with_an_engine_export() {
     for f in parse_fences_str(FENCES_JSON, &FenceLimits::default()).unwrap() {
         e.upsert_fence(Arc::new(f), &mut Vec::new());
     }
-    e.restore(snap.checkpoint.devices.clone(), snap.watermark.map(Ts))
-        .unwrap();
+    e.restore(
+        snap.checkpoint.decode_devices(s.path()).unwrap(),
+        snap.watermark.map(Ts),
+    )
+    .unwrap();
     let mut again = e.export();
     again.sort_by(|a, b| a.id.cmp(&b.id));
     assert_eq!(again, want);
@@ -406,7 +409,15 @@ fn check_reports_a_good_and_a_bad_store() {
     assert!(text.contains("next_seq"), "{text}");
     assert!(text.contains("fences \"nofence\""), "{text}");
     assert!(text.contains("input log (0, 1)"), "{text}");
-    let e = Store::open(dir.path()).unwrap().load(0).unwrap_err();
+    // The devices are decoded where they are restored (on the shards' threads): there the
+    // broken one is refused.
+    let s = Store::open(dir.path()).unwrap();
+    let e = s
+        .load(0)
+        .unwrap()
+        .checkpoint
+        .decode_devices(s.path())
+        .unwrap_err();
     assert!(matches!(e, StoreError::Decode { .. }), "{e}");
     // No store at all.
     assert!(matches!(
@@ -479,14 +490,15 @@ fn warm_start_of_1_9m_pairs() {
     let opened = t.elapsed();
     let snap = s.load(10_000).unwrap();
     let loaded = t.elapsed();
-    let pairs: usize = snap.checkpoint.devices.iter().map(|d| d.pairs.len()).sum();
+    let decoded = snap.checkpoint.decode_devices(s.path()).unwrap();
+    let pairs: usize = decoded.iter().map(|d| d.pairs.len()).sum();
     assert_eq!(snap.checkpoint.devices.len(), devices as usize);
     assert_eq!(pairs, 1_900_000);
     let mut e = Engine::new(EngineConfig::default());
     for f in parse_fences_str(FENCES_JSON, &FenceLimits::default()).unwrap() {
         e.upsert_fence(Arc::new(f), &mut Vec::new());
     }
-    let r = e.restore(snap.checkpoint.devices, Some(Ts(T0))).unwrap();
+    let r = e.restore(decoded, Some(Ts(T0))).unwrap();
     let restored = t.elapsed();
     eprintln!(
         "warm start: open {opened:?}, open+load {loaded:?}, +engine restore {restored:?} ({} devices, {} pairs)",
@@ -653,7 +665,7 @@ fn a_version_1_store_is_refused_and_migrated_on_request() {
     let snap = s.load(10).unwrap();
     let mut want = devices.clone();
     want.sort_by(|a, b| a.id.cmp(&b.id));
-    assert_eq!(snap.checkpoint.devices, want);
+    assert_eq!(snap.checkpoint.decode_devices(s.path()).unwrap(), want);
     assert_eq!(snap.checkpoint.fences.len(), 2);
     assert_eq!(snap.next_seq, 8);
     assert_eq!(snap.events.len(), 1, "events stay where they were");
