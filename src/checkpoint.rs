@@ -31,8 +31,9 @@ use metrics::{counter, gauge, histogram};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::durable::{CheckpointStorage, CheckpointTxn, InputLog};
 use crate::events::publisher::{Publisher, Step};
-use crate::store::{CheckpointMeta, CheckpointWriter, Store};
+use crate::store::CheckpointMeta;
 use crate::telemetry as t;
 use geodwell_core::engine::DeviceState;
 use geodwell_core::time::Ts;
@@ -135,9 +136,10 @@ pub struct Checkpointer {
     pub status: Arc<Status>,
 }
 
-/// Starts the writer thread for `store`; it ends when every sender is gone.
+/// Starts the writer thread for `storage`, covering `log`; it ends when every sender is gone.
 pub fn spawn(
-    store: Arc<Store>,
+    storage: Arc<dyn CheckpointStorage>,
+    log: Arc<dyn InputLog>,
     publisher: Publisher,
     stop: CancellationToken,
 ) -> (Checkpointer, std::thread::JoinHandle<()>) {
@@ -153,7 +155,7 @@ pub fn spawn(
     let handle = tokio::runtime::Handle::current();
     let thread = std::thread::Builder::new()
         .name("geodwell-checkpoint".into())
-        .spawn(move || write_loop(store, publisher, rx, st, handle, stop))
+        .spawn(move || write_loop(storage, log, publisher, rx, st, handle, stop))
         .expect("the checkpoint thread starts");
     (Checkpointer { tx, status }, thread)
 }
@@ -161,7 +163,7 @@ pub fn spawn(
 /// One round being written.
 struct Round<'a> {
     round: u64,
-    writer: Option<CheckpointWriter<'a>>,
+    writer: Option<Box<dyn CheckpointTxn + 'a>>,
     positions: Vec<Option<(u64, Option<i64>)>>,
     fences: Vec<(String, Option<String>)>,
     fence_change: u64,
@@ -171,14 +173,15 @@ struct Round<'a> {
 }
 
 fn write_loop(
-    store: Arc<Store>,
+    storage: Arc<dyn CheckpointStorage>,
+    log: Arc<dyn InputLog>,
     publisher: Publisher,
     mut rx: mpsc::Receiver<CkMsg>,
     status: Arc<Status>,
     rt: tokio::runtime::Handle,
     stop: CancellationToken,
 ) {
-    let ck = store.checkpoints();
+    let ck = &*storage;
     let mut current: Option<Round<'_>> = None;
     while let Some(msg) = rx.blocking_recv() {
         match msg {
@@ -190,7 +193,7 @@ fn write_loop(
                 event_floor,
             } => {
                 status.busy.store(true, Ordering::Release);
-                let (writer, error) = match ck.writer() {
+                let (writer, error) = match ck.begin() {
                     Ok(w) => (Some(w), None),
                     Err(e) => (None, Some(e.to_string())),
                 };
@@ -227,7 +230,7 @@ fn write_loop(
                 }
                 if r.positions.iter().all(Option::is_some) {
                     let r = current.take().expect("a round is running");
-                    finish(r, &store, &publisher, &status, &rt, &stop);
+                    finish(r, ck, &*log, &publisher, &status, &rt, &stop);
                     status.busy.store(false, Ordering::Release);
                 }
             }
@@ -238,7 +241,8 @@ fn write_loop(
 /// Commits a round whose shards are all done (once the log holds what it covers), or drops it.
 fn finish(
     r: Round<'_>,
-    store: &Store,
+    storage: &dyn CheckpointStorage,
+    log: &dyn InputLog,
     publisher: &Publisher,
     status: &Status,
     rt: &tokio::runtime::Handle,
@@ -271,7 +275,7 @@ fn finish(
     if !rt.block_on(publisher.durable().wait_for(&seqs, stop)) {
         return fail("stopped before the log held the records the checkpoint covers".into());
     }
-    let devices = writer.devices;
+    let devices = writer.written();
     let meta = CheckpointMeta {
         round,
         shards: positions.len() as u32,
@@ -289,11 +293,12 @@ fn finish(
     counter!(t::STORE_CHECKPOINTS).increment(1);
     histogram!(t::STORE_CHECKPOINT_SECONDS).record(took.as_secs_f64());
     gauge!(t::STORE_CHECKPOINT_DEVICES).set(devices as f64);
-    gauge!(t::STORE_CHECKPOINT_BYTES)
-        .set(std::fs::metadata(store.checkpoints().path()).map_or(0.0, |m| m.len() as f64));
+    if let Some(bytes) = storage.size_bytes() {
+        gauge!(t::STORE_CHECKPOINT_BYTES).set(bytes as f64);
+    }
     gauge!(t::STORE_CHECKPOINT_AGE_SECONDS).set(0.0);
     *status.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
-    store.hold_replay_events_from(event_floor);
+    log.hold_replay_events_from(event_floor);
     tracing::debug!(
         round,
         devices,

@@ -19,7 +19,8 @@
 //! - [`ingest`], [`clock`], [`shard`], [`fences`]: the shell around the core.
 //! - [`events`]: the event log, the publisher, filters and cursors.
 //! - [`webhooks`]: delivery of events to HTTP receivers.
-//! - [`store`]: the embedded redb store: the input log and the checkpoints;
+//! - [`durable`]: the seams a store implements (input log, checkpoint storage);
+//!   [`store`]: the embedded redb store: the input log and the checkpoints;
 //!   [`checkpoint`]: the background checkpoint writer.
 //! - [`http`]: the HTTP / WebSocket interface; [`auth`]: API keys.
 //! - [`telemetry`]: metric names and tracing.
@@ -33,6 +34,7 @@ pub mod budget;
 pub mod checkpoint;
 pub mod clock;
 pub mod config;
+pub mod durable;
 pub mod events;
 pub mod fences;
 pub mod http;

@@ -112,7 +112,9 @@ impl Service {
         let publisher_stop = CancellationToken::new();
         let (publisher, publisher_task) = publisher::spawn(
             PublisherCfg {
-                store: store.clone(),
+                store: store
+                    .clone()
+                    .map(|s| s as Arc<dyn crate::durable::InputLog>),
                 policy: match cfg.durability {
                     Durability::Async => CommitPolicy::Interval(Duration::from_millis(
                         cfg.commit_interval.millis().max(1) as u64,
@@ -132,7 +134,7 @@ impl Service {
         let abort = CancellationToken::new();
         let checkpointer = store
             .clone()
-            .map(|s| crate::checkpoint::spawn(s, publisher.clone(), abort.clone()));
+            .map(|s| crate::checkpoint::spawn(s.clone(), s, publisher.clone(), abort.clone()));
         let shard_stop = CancellationToken::new();
         let (shards, shard_tasks) = shard::spawn(
             starts,

@@ -26,8 +26,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::WallClock;
+use crate::durable::InputLog;
 use crate::events::{CompactEvent, EventLog, LoggedEvent};
-use crate::store::{Batch, Flush, Store};
+use crate::store::{Batch, Flush};
 use crate::telemetry as t;
 use geodwell_core::engine::{IngestError, Ingested};
 use geodwell_core::event::Event;
@@ -173,8 +174,8 @@ pub enum CommitPolicy {
 /// The publisher's configuration.
 #[derive(Debug, Clone)]
 pub struct PublisherCfg {
-    /// The store; `None` keeps everything in memory (`durability = "none"`).
-    pub store: Option<Arc<Store>>,
+    /// The input log; `None` keeps everything in memory (`durability = "none"`).
+    pub store: Option<Arc<dyn InputLog>>,
     /// When commits happen.
     pub policy: CommitPolicy,
     /// The largest fix time a previous run committed (event clock mode), persisted again with
@@ -427,9 +428,9 @@ fn commit(
         let multi = tokio::runtime::Handle::try_current()
             .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
         let res = if multi {
-            tokio::task::block_in_place(|| store.commit(&p.batch, Flush::Fsync))
+            tokio::task::block_in_place(|| store.append(&p.batch, Flush::Fsync))
         } else {
-            store.commit(&p.batch, Flush::Fsync)
+            store.append(&p.batch, Flush::Fsync)
         };
         histogram!(t::STORE_COMMIT_SECONDS).record(started.elapsed().as_secs_f64());
         *last_commit = Instant::now();

@@ -341,6 +341,22 @@ impl Store {
         &self.checkpoints
     }
 
+    /// Each shard `k`'s input records after `positions[k]`, and the fence changes after
+    /// `fence_change`.
+    pub fn read_after(&self, positions: &[u64], fence_change: u64) -> Result<LogTail, StoreError> {
+        let txn = {
+            let g = self.lock();
+            let db = g.as_ref().ok_or_else(|| StoreError::Db {
+                path: self.path.clone(),
+                op: "read the input log",
+                source: Box::new(redb::Error::DatabaseClosed),
+            })?;
+            db.begin_read()
+                .map_err(|e| db_err(&self.path, "begin read", e))?
+        };
+        read_after(&txn, &self.path, positions, fence_change)
+    }
+
     /// Keeps events from `seq` on out of retention trims (the latest checkpoint's replay floor).
     pub fn hold_replay_events_from(&self, seq: u64) {
         self.replay_floor.store(seq, Ordering::Release);
@@ -389,31 +405,10 @@ impl Store {
             next_seq: meta.next_seq,
             ..Snapshot::default()
         };
-        {
-            let t = txn.open_table(INPUT).map_err(|e| err(e.into()))?;
-            for r in t.iter().map_err(|e| err(e.into()))? {
-                let (k, v) = r.map_err(|e| err(e.into()))?;
-                let (shard, seq) = k.value();
-                let covered = checkpoint
-                    .meta
-                    .positions
-                    .get(shard as usize)
-                    .map_or(0, |p| p.0);
-                if seq > covered {
-                    snap.inputs.push((shard, seq, v.value().to_vec()));
-                }
-            }
-        }
-        {
-            let t = txn.open_table(FENCE_CHANGES).map_err(|e| err(e.into()))?;
-            for r in t
-                .range(checkpoint.meta.fence_change.saturating_add(1)..)
-                .map_err(|e| err(e.into()))?
-            {
-                let (k, v) = r.map_err(|e| err(e.into()))?;
-                snap.fence_changes.push((k.value(), v.value().to_vec()));
-            }
-        }
+        let positions: Vec<u64> = checkpoint.meta.positions.iter().map(|p| p.0).collect();
+        let tail = read_after(&txn, path, &positions, checkpoint.meta.fence_change)?;
+        snap.inputs = tail.inputs;
+        snap.fence_changes = tail.fence_changes;
         {
             let t = txn
                 .open_table(events::EVENT_PAGES)
@@ -483,6 +478,45 @@ impl Store {
         txn.commit().map_err(|e| err("commit")(e.into()))?;
         Ok(())
     }
+}
+
+/// What a shard's log holds after a position: `(shard, seq, record)` in `seq` order per shard,
+/// and the fence changes after a change number.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LogTail {
+    /// Input records.
+    pub inputs: Vec<(u16, u64, Vec<u8>)>,
+    /// Fence changes: (change number, change).
+    pub fence_changes: Vec<(u64, Vec<u8>)>,
+}
+
+/// Each shard's input records after its position, and the fence changes after `fence_change`,
+/// in one read transaction.
+fn read_after(
+    txn: &redb::ReadTransaction,
+    path: &Path,
+    positions: &[u64],
+    fence_change: u64,
+) -> Result<LogTail, StoreError> {
+    let err = |e: redb::Error| db_err(path, "read the input log", e);
+    let mut tail = LogTail::default();
+    let t = txn.open_table(INPUT).map_err(|e| err(e.into()))?;
+    for r in t.iter().map_err(|e| err(e.into()))? {
+        let (k, v) = r.map_err(|e| err(e.into()))?;
+        let (shard, seq) = k.value();
+        if seq > positions.get(shard as usize).copied().unwrap_or(0) {
+            tail.inputs.push((shard, seq, v.value().to_vec()));
+        }
+    }
+    let t = txn.open_table(FENCE_CHANGES).map_err(|e| err(e.into()))?;
+    for r in t
+        .range(fence_change.saturating_add(1)..)
+        .map_err(|e| err(e.into()))?
+    {
+        let (k, v) = r.map_err(|e| err(e.into()))?;
+        tail.fence_changes.push((k.value(), v.value().to_vec()));
+    }
+    Ok(tail)
 }
 
 fn needs_reopen(e: &redb::TransactionError) -> bool {
