@@ -125,7 +125,12 @@ async fn idle_and_slow_connections_cannot_lock_clients_out() {
         max, 768.0,
         "the default limit: the open files less a reserve"
     );
-    assert!(metric(&m, "geodwell_http_connections_evicted_total") >= 700.0);
+    // Past the limit, each new connection closed an older one, unless the header timeout had
+    // closed it already (on a busy machine the flood takes longer than the 2 s timeout).
+    let evicted = metric(&m, "geodwell_http_connections_evicted_total");
+    let timed_out = metric(&m, "geodwell_http_timeouts_total{kind=\"header\"}");
+    assert!(evicted >= 1.0, "{evicted}");
+    assert!(evicted + timed_out >= 700.0, "{evicted} + {timed_out}");
     assert_eq!(
         metric(&m, "geodwell_http_accept_errors_total"),
         0.0,
