@@ -63,8 +63,16 @@ struct ServeArgs {
 
 #[derive(Subcommand)]
 enum StoreCmd {
-    /// Verify a store: schema version, every record decodes, events are contiguous.
+    /// Verify a store (the service stopped): schema versions, every input record, event and
+    /// checkpoint record decodes, input and event seqs are contiguous.
     Check {
+        /// The data directory holding geodwell.redb and checkpoint.redb.
+        #[arg(long)]
+        data_dir: PathBuf,
+    },
+    /// Convert a version-1 store (device state in geodwell.redb) to the input-log layout (the
+    /// service stopped); a current store is left as it is.
+    Migrate {
         /// The data directory holding geodwell.redb.
         #[arg(long)]
         data_dir: PathBuf,
@@ -139,6 +147,23 @@ fn real_main() -> anyhow::Result<()> {
         } => {
             let report = geodwell::store::check(&data_dir).map_err(|e| anyhow::anyhow!("{e}"))?;
             println!("{report}");
+            Ok(())
+        }
+        Cmd::Store {
+            cmd: StoreCmd::Migrate { data_dir },
+        } => {
+            match geodwell::store::migrate(&data_dir).map_err(|e| anyhow::anyhow!("{e}"))? {
+                geodwell::store::Migrated::AlreadyCurrent => println!(
+                    "{}: already version {}; nothing to do",
+                    data_dir.display(),
+                    geodwell::store::SCHEMA_VERSION
+                ),
+                geodwell::store::Migrated::FromV1 { fences, devices } => println!(
+                    "{}: migrated from version 1 to {}: {fences} fences and {devices} devices are the first checkpoint",
+                    data_dir.display(),
+                    geodwell::store::SCHEMA_VERSION
+                ),
+            }
             Ok(())
         }
         Cmd::Serve(args) => {
