@@ -8,7 +8,7 @@
 #
 # The server runs with API keys on (schemathesis sends an admin key; its auth checks send none or a
 # wrong one), the default `sync` store in a temporary directory, and the event clock. Checks: all
-# of schemathesis's, with tests/schemathesis/schemathesis.toml's one per-operation exception.
+# of schemathesis's, with tests/schemathesis/schemathesis.toml's per-operation exceptions.
 # Not exercised: the two WebSocket endpoints (schemathesis speaks HTTP only; tests/it/ covers them)
 # and `POST /v1/webhooks`, whose generated URLs would make the server call arbitrary hosts
 # (tests/it/webhooks.rs covers it against a local receiver). Exits non-zero on any failure.

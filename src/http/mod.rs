@@ -63,8 +63,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/ui/{*path}", get(ui::asset))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), auth::require));
-    // Outermost last: every request is counted (`track`), an unknown method stops at once, then
-    // pages from other origins are turned away before CORS and authentication see them.
+    // Outermost last: every request is counted (`track`), then pages from other origins are turned away before CORS and authentication see them.
     let router = match origin::cors(&state.config().cors_origins) {
         Some(cors) => router.layer(cors),
         None => router,
@@ -72,7 +71,6 @@ pub fn router(state: Arc<AppState>) -> Router {
     router
         .layer(middleware::from_fn_with_state(state.clone(), origin::check))
         .layer(middleware::from_fn(method_not_allowed))
-        .layer(middleware::from_fn(known_method))
         .layer(middleware::from_fn(track))
         .with_state(state)
 }
@@ -140,8 +138,9 @@ async fn not_found() -> Response {
     ApiError::not_found("no_route", "no such endpoint").into_response()
 }
 
-/// The methods the API knows; anything else is answered 501 before routing.
-const KNOWN_METHODS: [Method; 7] = [
+/// The methods HTTP defines (RFC 9110, plus PATCH), each its own metric label. A route answers
+/// any method it does not take, defined or made up, 405 with `Allow`.
+const KNOWN_METHODS: [Method; 9] = [
     Method::GET,
     Method::HEAD,
     Method::POST,
@@ -149,6 +148,8 @@ const KNOWN_METHODS: [Method; 7] = [
     Method::DELETE,
     Method::OPTIONS,
     Method::PATCH,
+    Method::TRACE,
+    Method::CONNECT,
 ];
 
 /// The method as a metric label: one of [`KNOWN_METHODS`] or `other`, so that no request can
@@ -169,19 +170,6 @@ fn status_label(s: StatusCode) -> &'static str {
         4 => "4xx",
         _ => "5xx",
     }
-}
-
-/// 501 for a method the API does not know (`TRACE`, `CONNECT`, or any made-up token).
-async fn known_method(req: Request, next: Next) -> Response {
-    if KNOWN_METHODS.contains(req.method()) {
-        return next.run(req).await;
-    }
-    ApiError::new(
-        StatusCode::NOT_IMPLEMENTED,
-        "method_not_implemented",
-        "this server does not implement that method",
-    )
-    .into_response()
 }
 
 /// Counts requests by route template, method and status class: every label comes from a closed

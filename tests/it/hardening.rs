@@ -208,17 +208,27 @@ async fn made_up_methods_add_no_metric_series() {
             "/v1/fences/x"
         };
         let r = srv.http.request(m, srv.url(path)).send().await.unwrap();
-        assert_eq!(r.status().as_u16(), 501);
+        assert_eq!(r.status().as_u16(), 405);
+        assert!(r.headers().contains_key("allow"));
         let body: Value = r.json().await.unwrap();
-        assert_eq!(body["error"]["code"], "method_not_implemented");
+        assert_eq!(body["error"]["code"], "method_not_allowed");
     }
+    // A method HTTP defines but no route takes is a 405 with `Allow`, like any other.
+    let r = srv
+        .http
+        .request(reqwest::Method::TRACE, srv.url("/healthz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 405);
+    assert!(r.headers().contains_key("allow"));
     let long = reqwest::Method::from_bytes("L".repeat(10_000).as_bytes()).unwrap();
     let _ = srv.http.request(long, srv.url("/healthz")).send().await;
     // The recorder is shared by every test in this process, so the check is on the label
     // values, which must all come from closed sets, not on a count of series.
     let text = srv.metrics().await;
     let methods = [
-        "GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "other",
+        "GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "TRACE", "CONNECT", "other",
     ];
     let statuses = ["1xx", "2xx", "3xx", "4xx", "5xx"];
     let mut other = 0;
