@@ -90,6 +90,9 @@ pub struct Watermark {
     max_seen: AtomicI64,
     /// event mode: the watermark published to the shards.
     published: watch::Sender<Option<Ts>>,
+    /// A cluster node: the published watermark is the cluster's ([`Watermark::observe_cluster`]),
+    /// never this node's own stamps.
+    external: std::sync::atomic::AtomicBool,
 }
 
 impl Watermark {
@@ -112,7 +115,35 @@ impl Watermark {
             wall,
             max_seen: AtomicI64::new(max_seen.unwrap_or(i64::MIN)),
             published,
+            external: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Makes this a cluster node's watermark: in event mode, what is published is the cluster's
+    /// watermark as the node learns it ([`Watermark::observe_cluster`]), never a stamp of a
+    /// batch this node has merely sent (its parts may not be in their partitions' input yet).
+    pub fn set_external(&self) {
+        self.external
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// event mode, cluster node: the largest fix time the cluster's input holds is `max_seen`
+    /// (the newest of every node's acknowledged batches): stamps count it, and the published
+    /// watermark moves to `max_seen - lateness`.
+    pub fn observe_cluster(&self, max_seen: i64) {
+        if self.mode != ClockMode::Event {
+            return;
+        }
+        self.max_seen.fetch_max(max_seen, Ordering::AcqRel);
+        let w = Ts(max_seen).minus(self.lateness);
+        self.published.send_if_modified(|cur| {
+            if cur.is_none_or(|c| c < w) {
+                *cur = Some(w);
+                true
+            } else {
+                false
+            }
+        });
     }
 
     /// The clock mode.
@@ -147,7 +178,8 @@ impl Watermark {
     /// stamp rather than the global maximum matters: another batch may have been stamped higher
     /// and not be sent yet, and a shard that moved past its fixes first would find them late.
     pub fn publish(&self, w: Option<Ts>) {
-        if self.mode != ClockMode::Event {
+        if self.mode != ClockMode::Event || self.external.load(std::sync::atomic::Ordering::Acquire)
+        {
             return;
         }
         if let Some(w) = w {

@@ -10,8 +10,10 @@
 //! has returned; a write that fails to persist changes nothing. A checkpoint round starts under
 //! the same lock ([`FenceRegistry::checkpoint`]), so every shard freezes with the same fences.
 //!
-//! A cluster puts a second implementation behind the same methods (fence changes as markers in
-//! every partition's input; see docs/architecture.md).
+//! In a cluster the same methods write to the cluster's fence log instead
+//! (`crate::cluster::fences`): a change is a message on one stream, and a marker in every
+//! partition's input says where each partition applies it; the read copy ([`FenceMap`]) is kept
+//! by the node's follower of that stream.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -51,6 +53,10 @@ pub enum FenceWriteError {
     /// The service is shutting down.
     #[error("the service is shutting down")]
     ShuttingDown,
+    /// A cluster node's write met another node's write first (retried internally; seen by
+    /// callers only when seeding).
+    #[error("another fence write came first")]
+    Conflict,
 }
 
 /// What a put did.
@@ -73,7 +79,8 @@ pub struct Stored {
 }
 
 impl Stored {
-    fn new(fence: Arc<Fence>) -> Stored {
+    /// A fence and its rendered Feature text.
+    pub fn new(fence: Arc<Fence>) -> Stored {
         let json = serde_json::to_string(&fence.to_feature())
             .unwrap_or_default()
             .into();
@@ -90,15 +97,131 @@ struct Changes {
     since_checkpoint: BTreeMap<String, u64>,
 }
 
+/// The read copy of the fences: what the API lists and gets. Written only by whoever applies
+/// fence changes (the registry for one process; the fence log's follower in a cluster).
+#[derive(Debug, Default)]
+pub struct FenceMap {
+    read: RwLock<BTreeMap<String, Stored>>,
+}
+
+impl FenceMap {
+    /// A map holding `fences`.
+    pub fn new(fences: &[Arc<Fence>]) -> FenceMap {
+        let map = fences
+            .iter()
+            .map(|f| (f.id.to_string(), Stored::new(f.clone())))
+            .collect::<BTreeMap<_, _>>();
+        metrics::gauge!(t::FENCES).set(map.len() as f64);
+        FenceMap {
+            read: RwLock::new(map),
+        }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Stored>> {
+        // A panic while holding the lock cannot leave the map half-written: writers only insert
+        // or remove whole entries.
+        self.read.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, Stored>> {
+        self.read.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The fence `id`, with its Feature text.
+    pub fn get(&self, id: &str) -> Option<Stored> {
+        self.read().get(id).cloned()
+    }
+
+    /// Whether fence `id` exists.
+    pub fn contains(&self, id: &str) -> bool {
+        self.read().contains_key(id)
+    }
+
+    /// How many fences there are.
+    pub fn len(&self) -> usize {
+        self.read().len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.read().is_empty()
+    }
+
+    /// How many of `ids` are not held yet.
+    pub fn count_new<'a>(&self, ids: impl Iterator<Item = &'a str>) -> usize {
+        let map = self.read();
+        ids.filter(|id| !map.contains_key(*id)).count()
+    }
+
+    /// Inserts or replaces a fence.
+    pub fn insert(&self, s: Stored) {
+        let n = {
+            let mut w = self.write();
+            w.insert(s.fence.id.to_string(), s);
+            w.len()
+        };
+        metrics::gauge!(t::FENCES).set(n as f64);
+    }
+
+    /// Removes a fence.
+    pub fn remove(&self, id: &str) {
+        let n = {
+            let mut w = self.write();
+            w.remove(id);
+            w.len()
+        };
+        metrics::gauge!(t::FENCES).set(n as f64);
+    }
+
+    /// Replaces every fence at once (a cluster node loading a fence snapshot).
+    pub fn replace_all(&self, fences: impl Iterator<Item = Arc<Fence>>) {
+        let map: BTreeMap<String, Stored> =
+            fences.map(|f| (f.id.to_string(), Stored::new(f))).collect();
+        let n = map.len();
+        *self.write() = map;
+        metrics::gauge!(t::FENCES).set(n as f64);
+    }
+}
+
+/// Where fence writes go.
+#[derive(Debug)]
+enum Backend {
+    /// One process: numbered, persisted through the publisher, sent to every shard.
+    Local {
+        write: tokio::sync::Mutex<Changes>,
+        publisher: Publisher,
+        shards: Shards,
+    },
+    /// A cluster node: the cluster's fence log.
+    Cluster(Arc<dyn SharedFences>),
+}
+
+/// A fence check run against the fences a write follows: what the write will report, or why it
+/// is refused.
+pub type FenceCheck<'a> =
+    Box<dyn Fn(&FenceMap) -> Result<Written, FenceWriteError> + Send + Sync + 'a>;
+
+/// A fence log shared by the nodes of a cluster (implemented by `crate::cluster::fences`): the
+/// seam a cluster node's registry writes through. Its follower keeps the registry's
+/// [`FenceMap`].
+pub trait SharedFences: Send + Sync + std::fmt::Debug {
+    /// Writes `changes` as one change, all or nothing, once `check` passed against the fences
+    /// as of the position the change follows; returns `check`'s answer once the change is
+    /// durable, reaches every partition's input, and is in the read copy.
+    fn write<'a>(
+        &'a self,
+        changes: Vec<FenceChange>,
+        check: FenceCheck<'a>,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<Written, FenceWriteError>> + Send + 'a>>;
+}
+
 /// The fences of the service.
 #[derive(Debug)]
 pub struct FenceRegistry {
-    read: RwLock<BTreeMap<String, Stored>>,
-    write: tokio::sync::Mutex<Changes>,
+    map: Arc<FenceMap>,
     limits: FenceLimits,
     max_fences: usize,
-    publisher: Publisher,
-    shards: Shards,
+    backend: Backend,
 }
 
 impl FenceRegistry {
@@ -114,21 +237,33 @@ impl FenceRegistry {
         next_change: u64,
         since_checkpoint: Vec<(String, u64)>,
     ) -> FenceRegistry {
-        let read = fences
-            .iter()
-            .map(|f| (f.id.to_string(), Stored::new(f.clone())))
-            .collect::<BTreeMap<_, _>>();
-        metrics::gauge!(t::FENCES).set(read.len() as f64);
         FenceRegistry {
-            read: RwLock::new(read),
-            write: tokio::sync::Mutex::new(Changes {
-                next: next_change.max(1),
-                since_checkpoint: since_checkpoint.into_iter().collect(),
-            }),
+            map: Arc::new(FenceMap::new(fences)),
             limits,
             max_fences,
-            publisher,
-            shards,
+            backend: Backend::Local {
+                write: tokio::sync::Mutex::new(Changes {
+                    next: next_change.max(1),
+                    since_checkpoint: since_checkpoint.into_iter().collect(),
+                }),
+                publisher,
+                shards,
+            },
+        }
+    }
+
+    /// A cluster node's registry: `map` is kept by `log`'s follower, writes go to `log`.
+    pub fn cluster(
+        map: Arc<FenceMap>,
+        limits: FenceLimits,
+        max_fences: usize,
+        log: Arc<dyn SharedFences>,
+    ) -> FenceRegistry {
+        FenceRegistry {
+            map,
+            limits,
+            max_fences,
+            backend: Backend::Cluster(log),
         }
     }
 
@@ -137,27 +272,22 @@ impl FenceRegistry {
         &self.limits
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Stored>> {
-        // A panic while holding the lock cannot leave the map half-written: writers only insert
-        // or remove whole entries.
-        self.read.read().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// The fence `id`, with its Feature text.
     pub fn get(&self, id: &str) -> Option<Stored> {
-        self.read().get(id).cloned()
+        self.map.get(id)
     }
 
     /// Every fence, sorted by id.
     pub fn list(&self) -> Vec<Arc<Fence>> {
-        self.read().values().map(|s| s.fence.clone()).collect()
+        self.map.read().values().map(|s| s.fence.clone()).collect()
     }
 
     /// Up to `limit` fences with ids after `after` (from the first without), sorted by id.
     pub fn page(&self, after: Option<&str>, limit: usize) -> Vec<Stored> {
         use std::ops::Bound;
         let from = after.map_or(Bound::Unbounded, |a| Bound::Excluded(a.to_string()));
-        self.read()
+        self.map
+            .read()
             .range((from, Bound::Unbounded))
             .take(limit)
             .map(|(_, s)| s.clone())
@@ -166,12 +296,12 @@ impl FenceRegistry {
 
     /// How many fences there are.
     pub fn len(&self) -> usize {
-        self.read().len()
+        self.map.len()
     }
 
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
-        self.read().is_empty()
+        self.map.is_empty()
     }
 
     /// Validates one GeoJSON Feature as fence `id` (its own `id`, if any, must match).
@@ -197,22 +327,40 @@ impl FenceRegistry {
 
     /// Creates or replaces `fences`, all or nothing.
     pub async fn put(&self, fences: Vec<Fence>) -> Result<Written, FenceWriteError> {
-        let mut changes = self.write.lock().await;
-        let created = {
-            let map = self.read();
-            let created = fences.iter().filter(|f| !map.contains_key(&*f.id)).count();
-            if map.len() + created > self.max_fences {
-                return Err(FenceWriteError::TooMany {
-                    would: map.len() + created,
-                    max: self.max_fences,
-                });
-            }
-            created
-        };
         let fences: Vec<Stored> = fences
             .into_iter()
             .map(|f| Stored::new(Arc::new(f)))
             .collect();
+        let max = self.max_fences;
+        let check = |map: &FenceMap| {
+            let created = map.count_new(fences.iter().map(|s| &*s.fence.id));
+            if map.len() + created > max {
+                return Err(FenceWriteError::TooMany {
+                    would: map.len() + created,
+                    max,
+                });
+            }
+            Ok(Written {
+                created,
+                replaced: fences.len() - created,
+            })
+        };
+        let (write, publisher, shards) = match &self.backend {
+            Backend::Cluster(log) => {
+                let changes: Vec<FenceChange> = fences
+                    .iter()
+                    .map(|s| FenceChange::Put(s.json.clone()))
+                    .collect();
+                return log.write(changes, Box::new(check)).await;
+            }
+            Backend::Local {
+                write,
+                publisher,
+                shards,
+            } => (write, publisher, shards),
+        };
+        let mut changes = write.lock().await;
+        let written = check(&self.map)?;
         let first = changes.next;
         let step = Step {
             fence_changes: fences
@@ -222,60 +370,87 @@ impl FenceRegistry {
                 .collect(),
             ..Step::default()
         };
-        self.persist(step).await?;
+        persist(publisher, step).await?;
         changes.next = first + fences.len() as u64;
-        let n = fences.len();
         for (s, change) in fences.into_iter().zip(first..) {
             let f = s.fence.clone();
             changes.since_checkpoint.insert(f.id.to_string(), change);
-            self.read
-                .write()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(f.id.to_string(), s);
-            self.shards
+            self.map.insert(s);
+            shards
                 .upsert_fence(f, change)
                 .await
                 .map_err(|_| FenceWriteError::ShuttingDown)?;
         }
-        metrics::gauge!(t::FENCES).set(self.len() as f64);
-        Ok(Written {
-            created,
-            replaced: n - created,
-        })
+        Ok(written)
     }
 
     /// Deletes fence `id`: its pairs and their timers are dropped on every shard.
     pub async fn delete(&self, id: &str) -> Result<(), FenceWriteError> {
-        let mut changes = self.write.lock().await;
-        if !self.read().contains_key(id) {
-            return Err(FenceWriteError::NotFound(id.to_string()));
-        }
+        let check = |map: &FenceMap| {
+            if map.contains(id) {
+                Ok(Written {
+                    created: 0,
+                    replaced: 0,
+                })
+            } else {
+                Err(FenceWriteError::NotFound(id.to_string()))
+            }
+        };
+        let (write, publisher, shards) = match &self.backend {
+            Backend::Cluster(log) => {
+                return log
+                    .write(vec![FenceChange::Delete(id.to_string())], Box::new(check))
+                    .await
+                    .map(drop);
+            }
+            Backend::Local {
+                write,
+                publisher,
+                shards,
+            } => (write, publisher, shards),
+        };
+        let mut changes = write.lock().await;
+        check(&self.map)?;
         let change = changes.next;
-        self.persist(Step {
-            fence_changes: vec![(change, encode(&FenceChange::Delete(id.to_string())))],
-            ..Step::default()
-        })
+        persist(
+            publisher,
+            Step {
+                fence_changes: vec![(change, encode(&FenceChange::Delete(id.to_string())))],
+                ..Step::default()
+            },
+        )
         .await?;
         changes.next = change + 1;
         changes.since_checkpoint.insert(id.to_string(), change);
-        self.read
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(id);
-        self.shards
+        self.map.remove(id);
+        shards
             .remove_fence(Arc::from(id), change)
             .await
             .map_err(|_| FenceWriteError::ShuttingDown)?;
-        metrics::gauge!(t::FENCES).set(self.len() as f64);
         Ok(())
+    }
+
+    /// The parts of a one-process registry (none in a cluster).
+    fn local(&self) -> Option<(&tokio::sync::Mutex<Changes>, &Publisher, &Shards)> {
+        match &self.backend {
+            Backend::Local {
+                write,
+                publisher,
+                shards,
+            } => Some((write, publisher, shards)),
+            Backend::Cluster(_) => None,
+        }
     }
 
     /// Sends fence changes a shard missed to shard `k`: after a crash, a change whose record was
     /// durable may not have reached every shard's log. `from` is the first change the shard
     /// lacks. The changes go out as the current fences (a fence changed twice is sent once, as it
-    /// is now), in change order.
+    /// is now), in change order. (One process only.)
     pub async fn catch_up_shard(&self, k: usize, from: u64) -> Result<(), FenceWriteError> {
-        let changes = self.write.lock().await;
+        let Some((write, _, shards)) = self.local() else {
+            return Ok(());
+        };
+        let changes = write.lock().await;
         let mut missed: Vec<(u64, &String)> = changes
             .since_checkpoint
             .iter()
@@ -285,7 +460,7 @@ impl FenceRegistry {
         missed.sort();
         for (change, id) in missed {
             let current = self.get(id);
-            self.shards
+            shards
                 .fence_to(k, current.map(|s| s.fence), id, change)
                 .await
                 .map_err(|_| FenceWriteError::ShuttingDown)?;
@@ -297,14 +472,17 @@ impl FenceRegistry {
     /// fence change is in flight, the writer is sent the fences changed since the last
     /// checkpoint, then every shard is asked to freeze after what is queued on it.
     /// With `full`, every device is written (the previous round failed). Returns the last fence
-    /// change the checkpoint covers.
+    /// change the checkpoint covers. (One process only: a cluster checkpoints per partition.)
     pub async fn checkpoint(
         &self,
         round: u64,
         writer: &crate::checkpoint::Checkpointer,
         full: bool,
     ) -> Result<u64, FenceWriteError> {
-        let changes = self.write.lock().await;
+        let Some((write, publisher, shards)) = self.local() else {
+            return Err(FenceWriteError::ShuttingDown);
+        };
+        let changes = write.lock().await;
         let fences = changes
             .since_checkpoint
             .keys()
@@ -314,14 +492,14 @@ impl FenceRegistry {
             .tx
             .send(crate::checkpoint::CkMsg::Round {
                 round,
-                shards: self.shards.len(),
+                shards: shards.len(),
                 fences,
                 fence_change: changes.next - 1,
-                event_floor: self.publisher.durable().next_seq(),
+                event_floor: publisher.durable().next_seq(),
             })
             .await
             .map_err(|_| FenceWriteError::ShuttingDown)?;
-        self.shards
+        shards
             .checkpoint(round, full)
             .await
             .map_err(|_| FenceWriteError::ShuttingDown)?;
@@ -331,26 +509,28 @@ impl FenceRegistry {
     /// A checkpoint covering fence changes up to `fence_change` has committed: those changes
     /// need not be written again.
     pub async fn checkpointed(&self, fence_change: u64) {
-        self.write
-            .lock()
-            .await
-            .since_checkpoint
-            .retain(|_, n| *n > fence_change);
-    }
-
-    /// Makes a fence change durable before it is applied or acknowledged.
-    async fn persist(&self, mut step: Step) -> Result<(), FenceWriteError> {
-        let (tx, rx) = oneshot::channel();
-        step.ack = Some(tx);
-        self.publisher
-            .send(step)
-            .await
-            .map_err(|_| FenceWriteError::ShuttingDown)?;
-        match rx.await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(PublishError::Store(msg))) => Err(FenceWriteError::Store(msg)),
-            Ok(Err(PublishError::Closed)) | Err(_) => Err(FenceWriteError::ShuttingDown),
+        if let Some((write, _, _)) = self.local() {
+            write
+                .lock()
+                .await
+                .since_checkpoint
+                .retain(|_, n| *n > fence_change);
         }
+    }
+}
+
+/// Makes a fence change durable before it is applied or acknowledged.
+async fn persist(publisher: &Publisher, mut step: Step) -> Result<(), FenceWriteError> {
+    let (tx, rx) = oneshot::channel();
+    step.ack = Some(tx);
+    publisher
+        .send(step)
+        .await
+        .map_err(|_| FenceWriteError::ShuttingDown)?;
+    match rx.await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(PublishError::Store(msg))) => Err(FenceWriteError::Store(msg)),
+        Ok(Err(PublishError::Closed)) | Err(_) => Err(FenceWriteError::ShuttingDown),
     }
 }
 

@@ -19,6 +19,9 @@
 //! - [`ingest`], [`clock`], [`shard`], [`fences`]: the shell around the core.
 //! - [`events`]: the event log, the publisher, filters and cursors.
 //! - [`webhooks`]: delivery of events to HTTP receivers.
+//! - [`cluster`]: one node of a cluster on NATS JetStream (partitions under leases, their
+//!   input and events in streams); it implements the seams below (`shard::Partitions`,
+//!   `fences::SharedFences`).
 //! - [`durable`]: the seams a store implements (input log, checkpoint storage);
 //!   [`store`]: the embedded redb store: the input log and the checkpoints;
 //!   [`checkpoint`]: the background checkpoint writer.
@@ -33,6 +36,7 @@ pub mod boot;
 pub mod budget;
 pub mod checkpoint;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod durable;
 pub mod events;

@@ -59,6 +59,13 @@ struct ServeArgs {
     /// (fences.fences_file).
     #[arg(long)]
     fences_file: Option<String>,
+    /// Run as a cluster node on NATS JetStream: the servers' URLs, comma-separated
+    /// (cluster.nats_urls; docs/cluster.md).
+    #[arg(long, value_name = "URL[,URL...]")]
+    nats: Option<String>,
+    /// This node's id in the cluster (cluster.node_id).
+    #[arg(long, value_name = "ID")]
+    node: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -185,6 +192,12 @@ fn real_main() -> anyhow::Result<()> {
             }
             if let Some(v) = args.fences_file {
                 cli.push(("fences_file", "--fences-file", v));
+            }
+            if let Some(v) = args.nats {
+                cli.push(("nats_urls", "--nats", v));
+            }
+            if let Some(v) = args.node {
+                cli.push(("node_id", "--node", v));
             }
             let cfg = load(args.config.as_ref(), cli)?;
             let rt = tokio::runtime::Builder::new_multi_thread()

@@ -52,6 +52,9 @@ pub enum ServiceError {
     /// The warm start task panicked or was cancelled.
     #[error("the warm start did not finish: {0}")]
     Join(String),
+    /// The cluster node could not start (NATS unreachable, or its streams not usable).
+    #[error("cluster")]
+    Cluster(#[source] crate::cluster::NatsError),
 }
 
 /// A running service.
@@ -69,6 +72,9 @@ impl Service {
     /// warm start is done and the server accepts requests; a start that fails returns its error
     /// and leaves nothing running.
     pub async fn spawn(cfg: Config, listener: TcpListener) -> Result<Service, ServiceError> {
+        if cfg.cluster.is_some() {
+            return Service::spawn_cluster(cfg, listener).await;
+        }
         let addr = listener.local_addr()?;
         let metrics = telemetry::install();
         let wall = WallClock::start();
@@ -191,33 +197,11 @@ impl Service {
                 "state restored"
             );
         }
-        let open_files = crate::machine::raise_open_files();
-        let max_connections = match cfg.max_connections {
-            0 => open_files.map_or(1024, crate::machine::default_max_connections),
-            n => n,
-        };
-        let queued_bytes = match cfg.max_queued_bytes {
-            0 => crate::machine::default_queued_bytes(crate::machine::memory_bytes()),
-            n => n,
-        };
-        tracing::info!(
-            open_files = open_files.map_or("unknown".to_string(), |n| n.to_string()),
+        let Limits {
             max_connections,
-            max_queued_bytes = queued_bytes,
-            max_devices = cfg.max_devices,
-            max_subscribers = cfg.max_subscribers,
-            "limits"
-        );
-        metrics::gauge!(telemetry::HTTP_CONNECTIONS_MAX).set(max_connections as f64);
-        metrics::gauge!(telemetry::DEVICES_MAX).set(cfg.max_devices as f64);
-        metrics::gauge!(telemetry::SUBSCRIBERS_MAX).set(cfg.max_subscribers as f64);
-        let budget = crate::budget::MemoryBudget::new(queued_bytes);
-        let limits = FixLimits {
-            max_device_len: cfg.max_device_len,
-            // Both clock modes: a replay or backfill lies in the past, and one fix from the far
-            // future would move an event-mode watermark past all real input for good.
-            max_future: Some(cfg.max_future),
-        };
+            budget,
+            fixes: limits,
+        } = machine_limits(&cfg);
         let checkpoints = checkpointer.map(|(handle, thread)| {
             let task = tokio::spawn(checkpoint_rounds(
                 registry.clone(),
@@ -243,6 +227,7 @@ impl Service {
             budget,
             store_file: store.as_ref().map(|s| s.path().to_path_buf()),
             checkpoints: checkpoints.as_ref().map(|c| c.handle.status.clone()),
+            cluster: None,
             cfg: cfg.clone(),
         }));
         tracing::info!(%addr, shards = cfg.shards, clock = %cfg.clock, lateness = %cfg.lateness, durability = %cfg.durability, fences = fences.len(), "geodwell listening");
@@ -254,29 +239,95 @@ impl Service {
             deadline: deadline.clone(),
             default_grace: Duration::from_millis(cfg.shutdown_grace.millis().max(0) as u64),
             webhooks,
-            shard_stop,
-            shard_tasks,
-            publisher_stop,
-            publisher_task,
-            store: store.as_ref().map(Arc::downgrade),
-            registry,
-            checkpoints,
-            abort,
+            backend: Backend::Local(LocalParts {
+                shard_stop,
+                shard_tasks,
+                publisher_stop,
+                publisher_task,
+                store: store.as_ref().map(Arc::downgrade),
+                registry,
+                checkpoints,
+                abort,
+            }),
         };
-        let router = http::router(state.clone());
-        let server_limits = ServerLimits {
+        Ok(launch(&cfg, listener, addr, stopping, max_connections))
+    }
+
+    /// A cluster node (`[cluster]` set): the engines are the cluster's partitions, reached
+    /// through NATS; fences, events and checkpoints live there (docs/cluster.md).
+    async fn spawn_cluster(cfg: Config, listener: TcpListener) -> Result<Service, ServiceError> {
+        let addr = listener.local_addr()?;
+        let metrics = telemetry::install();
+        let wall = WallClock::start();
+        let preload_cfg = cfg.clone();
+        let preload = tokio::task::spawn_blocking(move || crate::boot::load_preload(&preload_cfg))
+            .await
+            .map_err(|e| ServiceError::Join(e.to_string()))??;
+        let watermark = Arc::new(Watermark::new(cfg.clock, cfg.lateness, wall, None, None));
+        let map = Arc::new(crate::fences::FenceMap::default());
+        let node = crate::cluster::ClusterNode::start(
+            &cfg,
+            crate::cluster::Start {
+                watermark: watermark.clone(),
+                preload,
+                map: map.clone(),
+                http: addr.to_string(),
+            },
+        )
+        .await
+        .map_err(ServiceError::Cluster)?;
+        let node = Arc::new(node);
+        let trigger = CancellationToken::new();
+        let log = node.log();
+        let webhooks = Webhooks::start(
+            &cfg.webhooks,
+            None,
+            log.clone(),
+            crate::outbound::TargetPolicy {
+                allow_private: cfg.allow_private_targets,
+            },
+            &trigger,
+        )
+        .map_err(ServiceError::Webhooks)?;
+        let registry = Arc::new(FenceRegistry::cluster(
+            map,
+            fence_limits(&cfg),
+            cfg.max_fences,
+            node.fences(),
+        ));
+        let Limits {
             max_connections,
-            header_timeout: millis(cfg.header_timeout),
-            write_timeout: millis(cfg.write_timeout),
+            budget,
+            fixes: limits,
+        } = machine_limits(&cfg);
+        let shards = node.shards();
+        let state = Arc::new(AppState::new(Parts {
+            ingest: Ingest::new(limits, watermark.clone(), shards.clone()),
+            shards,
+            fences: registry,
+            log,
+            webhooks: webhooks.clone(),
+            watermark,
+            metrics,
+            shutdown: trigger.clone(),
+            budget,
+            store_file: None,
+            checkpoints: None,
+            cluster: Some(node.clone()),
+            cfg: cfg.clone(),
+        }));
+        tracing::info!(%addr, node = node.node_id(), clock = %cfg.clock, lateness = %cfg.lateness, "geodwell listening (cluster node)");
+        warn_if_open(&cfg, addr);
+        let deadline = Arc::new(Mutex::new(None));
+        let stopping = Stopping {
+            state: state.clone(),
+            trigger: trigger.clone(),
+            deadline: deadline.clone(),
+            default_grace: Duration::from_millis(cfg.shutdown_grace.millis().max(0) as u64),
+            webhooks,
+            backend: Backend::Cluster(node),
         };
-        let task = tokio::spawn(serve(listener, router, server_limits, stopping));
-        Ok(Service {
-            addr,
-            state,
-            trigger,
-            deadline,
-            task,
-        })
+        Ok(launch(&cfg, listener, addr, stopping, max_connections))
     }
 
     /// Binds `cfg.listen` (port 0: an ephemeral port) and spawns the service on it.
@@ -330,6 +381,19 @@ struct Stopping {
     deadline: Arc<Mutex<Option<Instant>>>,
     default_grace: Duration,
     webhooks: Arc<Webhooks>,
+    backend: Backend,
+}
+
+/// What stops after the common part (HTTP, WebSockets, webhooks).
+enum Backend {
+    /// One process: shards, the publisher, the checkpoint writer, the store.
+    Local(LocalParts),
+    /// A cluster node: its partitions checkpoint and are released.
+    Cluster(Arc<crate::cluster::ClusterNode>),
+}
+
+/// The parts of a one-process service that stop in order.
+struct LocalParts {
     shard_stop: CancellationToken,
     shard_tasks: Vec<JoinHandle<()>>,
     publisher_stop: CancellationToken,
@@ -433,75 +497,13 @@ async fn serve(
         .stop(deadline.saturating_duration_since(Instant::now()))
         .await;
     drop(s.webhooks);
-    // The last checkpoint round is queued on every shard behind what it still has to do, so it
-    // covers everything: the next start replays nothing.
-    let mut final_round = None;
-    let mut checkpoint_thread = None;
-    if let Some(Checkpoints {
-        handle,
-        thread,
-        task,
-    }) = s.checkpoints
-    {
-        let last = match tokio::time::timeout_at(deadline, task).await {
-            Ok(Ok(r)) => r,
-            _ => handle.status.committed(),
-        };
-        // A round the task started and did not see finish is still being written.
-        let _ = tokio::time::timeout_at(deadline, handle.status.wait(last, &s.abort)).await;
-        let round = last.max(handle.status.committed()) + 1;
-        if s.registry.checkpoint(round, &handle, false).await.is_ok() {
-            final_round = Some((round, handle.status.clone()));
-        }
-        checkpoint_thread = Some(thread);
-    }
-    // The shards drain their queues, then the publisher commits what they handed it.
-    s.shard_stop.cancel();
-    for mut t in s.shard_tasks {
-        if tokio::time::timeout_at(deadline, &mut t).await.is_err() {
-            t.abort();
-            if !aborted.contains(&"shards") {
-                aborted.push("shards");
-            }
-        }
-    }
-    drop(s.state);
-    // An unfinished server (aborted at the deadline) still holds the router and its state.
-    drop(server);
-    s.publisher_stop.cancel();
-    let mut publisher_task = s.publisher_task;
-    if tokio::time::timeout_at(deadline, &mut publisher_task)
-        .await
-        .is_err()
-    {
-        publisher_task.abort();
-        aborted.push("the final state commit");
-    }
-    // The writer commits the last round once the log holds everything it covers.
-    if let Some((round, status)) = final_round {
-        let done = tokio::time::timeout_at(deadline, status.wait(round, &s.abort)).await;
-        if done.is_err() || status.committed() < round {
-            aborted.push("the final checkpoint");
-        }
-    }
-    s.abort.cancel();
-    if let Some(thread) = checkpoint_thread {
-        // Every sender is gone once the shards, the round task and the handle are: the thread
-        // ends on its own.
-        let joined = tokio::task::spawn_blocking(move || thread.join());
-        if tokio::time::timeout_at(deadline, joined).await.is_err() {
-            aborted.push("the checkpoint writer");
-        }
-    }
-    // A caller that reopens the data directory after `shutdown` returns (a restart in the same
-    // process, `store check`) must find the file closed.
-    if let Some(store) = &s.store {
-        while store.strong_count() > 0 {
-            if Instant::now() >= deadline {
-                aborted.push("closing the store (a task still holds it)");
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
+    match s.backend {
+        Backend::Local(l) => stop_local(l, s.state, server, deadline, &mut aborted).await,
+        Backend::Cluster(node) => {
+            node.stop(deadline.saturating_duration_since(Instant::now()))
+                .await;
+            drop(s.state);
+            drop(server);
         }
     }
     if aborted.is_empty() {
@@ -514,6 +516,160 @@ async fn serve(
     }
     let _ = served;
     Ok(())
+}
+
+/// Stops the parts of a one-process service in order: the final checkpoint round is queued, the
+/// shards drain, the publisher commits, the checkpoint writer finishes, the store closes.
+async fn stop_local<S>(
+    l: LocalParts,
+    state: Arc<AppState>,
+    server: S,
+    deadline: Instant,
+    aborted: &mut Vec<&'static str>,
+) {
+    // The last checkpoint round is queued on every shard behind what it still has to do, so it
+    // covers everything: the next start replays nothing.
+    let mut final_round = None;
+    let mut checkpoint_thread = None;
+    if let Some(Checkpoints {
+        handle,
+        thread,
+        task,
+    }) = l.checkpoints
+    {
+        let last = match tokio::time::timeout_at(deadline, task).await {
+            Ok(Ok(r)) => r,
+            _ => handle.status.committed(),
+        };
+        // A round the task started and did not see finish is still being written.
+        let _ = tokio::time::timeout_at(deadline, handle.status.wait(last, &l.abort)).await;
+        let round = last.max(handle.status.committed()) + 1;
+        if l.registry.checkpoint(round, &handle, false).await.is_ok() {
+            final_round = Some((round, handle.status.clone()));
+        }
+        checkpoint_thread = Some(thread);
+    }
+    // The shards drain their queues, then the publisher commits what they handed it.
+    l.shard_stop.cancel();
+    for mut t in l.shard_tasks {
+        if tokio::time::timeout_at(deadline, &mut t).await.is_err() {
+            t.abort();
+            if !aborted.contains(&"shards") {
+                aborted.push("shards");
+            }
+        }
+    }
+    drop(state);
+    // An unfinished server (aborted at the deadline) still holds the router and its state.
+    drop(server);
+    l.publisher_stop.cancel();
+    let mut publisher_task = l.publisher_task;
+    if tokio::time::timeout_at(deadline, &mut publisher_task)
+        .await
+        .is_err()
+    {
+        publisher_task.abort();
+        aborted.push("the final state commit");
+    }
+    // The writer commits the last round once the log holds everything it covers.
+    if let Some((round, status)) = final_round {
+        let done = tokio::time::timeout_at(deadline, status.wait(round, &l.abort)).await;
+        if done.is_err() || status.committed() < round {
+            aborted.push("the final checkpoint");
+        }
+    }
+    l.abort.cancel();
+    if let Some(thread) = checkpoint_thread {
+        // Every sender is gone once the shards, the round task and the handle are: the thread
+        // ends on its own.
+        let joined = tokio::task::spawn_blocking(move || thread.join());
+        if tokio::time::timeout_at(deadline, joined).await.is_err() {
+            aborted.push("the checkpoint writer");
+        }
+    }
+    // A caller that reopens the data directory after `shutdown` returns (a restart in the same
+    // process, `store check`) must find the file closed.
+    if let Some(store) = &l.store {
+        while store.strong_count() > 0 {
+            if Instant::now() >= deadline {
+                aborted.push("closing the store (a task still holds it)");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+}
+
+/// The limits a service runs with, resolved against the machine.
+struct Limits {
+    max_connections: usize,
+    budget: crate::budget::MemoryBudget,
+    fixes: FixLimits,
+}
+
+/// Resolves the machine-derived limits (connections from the open-files limit, the memory
+/// budget), says what they are, and exports them.
+fn machine_limits(cfg: &Config) -> Limits {
+    let open_files = crate::machine::raise_open_files();
+    let max_connections = match cfg.max_connections {
+        0 => open_files.map_or(1024, crate::machine::default_max_connections),
+        n => n,
+    };
+    let queued_bytes = match cfg.max_queued_bytes {
+        0 => crate::machine::default_queued_bytes(crate::machine::memory_bytes()),
+        n => n,
+    };
+    tracing::info!(
+        open_files = open_files.map_or("unknown".to_string(), |n| n.to_string()),
+        max_connections,
+        max_queued_bytes = queued_bytes,
+        max_devices = cfg.max_devices,
+        max_subscribers = cfg.max_subscribers,
+        "limits"
+    );
+    metrics::gauge!(telemetry::HTTP_CONNECTIONS_MAX).set(max_connections as f64);
+    metrics::gauge!(telemetry::DEVICES_MAX).set(cfg.max_devices as f64);
+    metrics::gauge!(telemetry::SUBSCRIBERS_MAX).set(cfg.max_subscribers as f64);
+    Limits {
+        max_connections,
+        budget: crate::budget::MemoryBudget::new(queued_bytes),
+        fixes: FixLimits {
+            max_device_len: cfg.max_device_len,
+            // Both clock modes: a replay or backfill lies in the past, and one fix from the far
+            // future would move an event-mode watermark past all real input for good.
+            max_future: Some(cfg.max_future),
+        },
+    }
+}
+
+/// Starts serving the state on `listener`; the serve task stops everything in order at
+/// shutdown.
+fn launch(
+    cfg: &Config,
+    listener: TcpListener,
+    addr: SocketAddr,
+    stopping: Stopping,
+    max_connections: usize,
+) -> Service {
+    let (state, trigger, deadline) = (
+        stopping.state.clone(),
+        stopping.trigger.clone(),
+        stopping.deadline.clone(),
+    );
+    let router = http::router(state.clone());
+    let server_limits = ServerLimits {
+        max_connections,
+        header_timeout: millis(cfg.header_timeout),
+        write_timeout: millis(cfg.write_timeout),
+    };
+    let task = tokio::spawn(serve(listener, router, server_limits, stopping));
+    Service {
+        addr,
+        state,
+        trigger,
+        deadline,
+        task,
+    }
 }
 
 fn millis(d: geodwell_core::time::Dur) -> Duration {

@@ -36,6 +36,7 @@ pub struct AppState {
     budget: MemoryBudget,
     store_file: Option<std::path::PathBuf>,
     checkpoints: Option<Arc<crate::checkpoint::Status>>,
+    cluster: Option<Arc<crate::cluster::ClusterNode>>,
     subscribers: Arc<tokio::sync::Semaphore>,
     ingest_sockets: Arc<tokio::sync::Semaphore>,
 }
@@ -67,6 +68,8 @@ pub struct Parts {
     pub store_file: Option<std::path::PathBuf>,
     /// Where the checkpoint rounds stand, when there is a store.
     pub checkpoints: Option<Arc<crate::checkpoint::Status>>,
+    /// The cluster node, when running as one.
+    pub cluster: Option<Arc<crate::cluster::ClusterNode>>,
 }
 
 impl AppState {
@@ -78,6 +81,7 @@ impl AppState {
             budget: parts.budget,
             store_file: parts.store_file,
             checkpoints: parts.checkpoints,
+            cluster: parts.cluster,
             auth: Keys::new(parts.cfg.api_keys.clone()),
             cfg: parts.cfg,
             ingest: parts.ingest,
@@ -155,6 +159,11 @@ impl AppState {
     /// Where the checkpoint rounds stand, when there is a store.
     pub fn checkpoints(&self) -> Option<&crate::checkpoint::Status> {
         self.checkpoints.as_deref()
+    }
+
+    /// The cluster node, when this process is one.
+    pub fn cluster(&self) -> Option<&Arc<crate::cluster::ClusterNode>> {
+        self.cluster.as_ref()
     }
 
     /// The memory budget for queued input.

@@ -119,6 +119,51 @@ pub const WEBHOOK_LAG_EVENTS: &str = "geodwell_webhook_lag_events";
 /// Duration of one webhook attempt, seconds, by `sink`.
 pub const WEBHOOK_DELIVERY_SECONDS: &str = "geodwell_webhook_delivery_duration_seconds";
 
+/// Partitions this cluster node owns.
+pub const CLUSTER_PARTITIONS_OWNED: &str = "geodwell_cluster_partitions_owned";
+/// Live nodes this cluster node sees.
+pub const CLUSTER_NODES: &str = "geodwell_cluster_nodes";
+/// Partitions taken over by this node.
+pub const CLUSTER_TAKEOVERS: &str = "geodwell_cluster_takeovers_total";
+/// Takeover phase durations.
+pub const CLUSTER_TAKEOVER_SECONDS: &str = "geodwell_cluster_takeover_seconds";
+/// Leases this node lost to another.
+pub const CLUSTER_LEASES_LOST: &str = "geodwell_cluster_leases_lost_total";
+/// Partition tasks that failed.
+pub const CLUSTER_PARTITION_FAILURES: &str = "geodwell_cluster_partition_failures_total";
+/// Input records a partition has not applied yet.
+pub const CLUSTER_PARTITION_LAG: &str = "geodwell_cluster_partition_lag_records";
+/// Partition checkpoints written.
+pub const CLUSTER_CHECKPOINTS: &str = "geodwell_cluster_checkpoints_total";
+/// Partition checkpoints that could not be written.
+pub const CLUSTER_CHECKPOINT_FAILURES: &str = "geodwell_cluster_checkpoint_failures_total";
+/// Duration of a partition checkpoint.
+pub const CLUSTER_CHECKPOINT_SECONDS: &str = "geodwell_cluster_checkpoint_seconds";
+/// Size of a partition's newest checkpoint.
+pub const CLUSTER_CHECKPOINT_BYTES: &str = "geodwell_cluster_checkpoint_bytes";
+/// Age of a partition's newest checkpoint.
+pub const CLUSTER_CHECKPOINT_AGE_SECONDS: &str = "geodwell_cluster_checkpoint_age_seconds";
+/// Event publish duration (to its PubAck).
+pub const CLUSTER_PUBLISH_SECONDS: &str = "geodwell_cluster_event_publish_seconds";
+/// Event publishes retried.
+pub const CLUSTER_PUBLISH_RETRIES: &str = "geodwell_cluster_event_publish_retries_total";
+/// Event publishes refused because someone else published on the partition.
+pub const CLUSTER_FENCED_PUBLISHES: &str = "geodwell_cluster_fenced_publishes_total";
+/// Replayed events not published again.
+pub const CLUSTER_EVENTS_SUPPRESSED: &str = "geodwell_cluster_events_suppressed_total";
+/// Watermark ticks written into partition inputs.
+pub const CLUSTER_TICKS: &str = "geodwell_cluster_ticks_total";
+/// Fix batch parts that got no PubAck.
+pub const CLUSTER_INGEST_FAILURES: &str = "geodwell_cluster_ingest_failures_total";
+/// Fixes answered accepted without their owner's outcome.
+pub const CLUSTER_OUTCOMES_UNCONFIRMED: &str = "geodwell_cluster_outcomes_unconfirmed_total";
+/// Fence writes.
+pub const CLUSTER_FENCE_WRITES: &str = "geodwell_cluster_fence_writes_total";
+/// Fence stream compactions.
+pub const CLUSTER_FENCE_COMPACTIONS: &str = "geodwell_cluster_fence_compactions_total";
+/// Events skipped by the feed (behind the stream's retention).
+pub const CLUSTER_FEED_SKIPPED: &str = "geodwell_cluster_feed_skipped_total";
+
 /// Installs the Prometheus recorder once per process and returns its handle.
 pub fn install() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -175,8 +220,42 @@ pub fn install() -> PrometheusHandle {
                 STORE_LOG_APPENDED_BYTES,
                 STORE_CHECKPOINTS,
                 STORE_CHECKPOINT_FAILURES,
+                CLUSTER_TAKEOVERS,
+                CLUSTER_LEASES_LOST,
+                CLUSTER_PARTITION_FAILURES,
+                CLUSTER_CHECKPOINTS,
+                CLUSTER_CHECKPOINT_FAILURES,
+                CLUSTER_PUBLISH_RETRIES,
+                CLUSTER_FENCED_PUBLISHES,
+                CLUSTER_EVENTS_SUPPRESSED,
+                CLUSTER_TICKS,
+                CLUSTER_INGEST_FAILURES,
+                CLUSTER_OUTCOMES_UNCONFIRMED,
+                CLUSTER_FENCE_WRITES,
+                CLUSTER_FENCE_COMPACTIONS,
+                CLUSTER_FEED_SKIPPED,
             ] {
                 metrics::counter!(c).absolute(0);
+            }
+            for g in [
+                CLUSTER_PARTITIONS_OWNED,
+                CLUSTER_NODES,
+                STORE_CHECKPOINT_DEVICES,
+                STORE_CHECKPOINT_BYTES,
+                STORE_CHECKPOINT_AGE_SECONDS,
+            ] {
+                metrics::gauge!(g).set(0.0);
+            }
+            // Histograms are exported once registered, empty until their first sample.
+            for h in [
+                STORE_CHECKPOINT_SECONDS,
+                CLUSTER_CHECKPOINT_SECONDS,
+                CLUSTER_PUBLISH_SECONDS,
+            ] {
+                let _ = metrics::histogram!(h);
+            }
+            for phase in ["restore", "suppress", "replay"] {
+                let _ = metrics::histogram!(CLUSTER_TAKEOVER_SECONDS, "phase" => phase);
             }
             handle
         })
@@ -351,6 +430,91 @@ fn describe() {
         WEBHOOK_DELIVERY_SECONDS,
         Unit::Seconds,
         "Duration of one webhook attempt, by sink."
+    );
+    describe_cluster();
+}
+
+fn describe_cluster() {
+    describe_gauge!(
+        CLUSTER_PARTITIONS_OWNED,
+        "Partitions this node owns (cluster mode; 0 otherwise)."
+    );
+    describe_gauge!(CLUSTER_NODES, "Live cluster nodes this node sees.");
+    describe_counter!(CLUSTER_TAKEOVERS, "Partitions this node has taken over.");
+    describe_histogram!(
+        CLUSTER_TAKEOVER_SECONDS,
+        Unit::Seconds,
+        "Takeover phases: restore (checkpoint), suppress (what was published), replay (input after the checkpoint)."
+    );
+    describe_counter!(
+        CLUSTER_LEASES_LOST,
+        "Partition leases this node found taken by another (it stood down)."
+    );
+    describe_counter!(
+        CLUSTER_PARTITION_FAILURES,
+        "Partition tasks that failed (their lease released for another node)."
+    );
+    describe_gauge!(
+        CLUSTER_PARTITION_LAG,
+        "Input records a partition owned here has not applied yet, by partition."
+    );
+    describe_counter!(CLUSTER_CHECKPOINTS, "Partition checkpoints written.");
+    describe_counter!(
+        CLUSTER_CHECKPOINT_FAILURES,
+        "Partition checkpoints that could not be written (the previous one stays)."
+    );
+    describe_histogram!(
+        CLUSTER_CHECKPOINT_SECONDS,
+        Unit::Seconds,
+        "From a partition's freeze to its checkpoint pointer moving."
+    );
+    describe_gauge!(
+        CLUSTER_CHECKPOINT_BYTES,
+        Unit::Bytes,
+        "Size of a partition's newest checkpoint written here, by partition."
+    );
+    describe_gauge!(
+        CLUSTER_CHECKPOINT_AGE_SECONDS,
+        Unit::Seconds,
+        "Seconds since a partition owned here last checkpointed, by partition."
+    );
+    describe_histogram!(
+        CLUSTER_PUBLISH_SECONDS,
+        Unit::Seconds,
+        "An event's publish to the events stream, to its PubAck."
+    );
+    describe_counter!(
+        CLUSTER_PUBLISH_RETRIES,
+        "Event publishes retried (no answer from the stream)."
+    );
+    describe_counter!(
+        CLUSTER_FENCED_PUBLISHES,
+        "Event publishes refused because another owner published on the partition since."
+    );
+    describe_counter!(
+        CLUSTER_EVENTS_SUPPRESSED,
+        "Events a takeover's replay produced again and did not publish twice."
+    );
+    describe_counter!(
+        CLUSTER_TICKS,
+        "Watermark ticks written into partition inputs."
+    );
+    describe_counter!(
+        CLUSTER_INGEST_FAILURES,
+        "Batch parts the partition input did not acknowledge (the batch answered 503)."
+    );
+    describe_counter!(
+        CLUSTER_OUTCOMES_UNCONFIRMED,
+        "Fixes answered accepted without their owner's verdict (it was being taken over)."
+    );
+    describe_counter!(CLUSTER_FENCE_WRITES, "Fence writes made from this node.");
+    describe_counter!(
+        CLUSTER_FENCE_COMPACTIONS,
+        "Fence stream compactions made by this node."
+    );
+    describe_counter!(
+        CLUSTER_FEED_SKIPPED,
+        "Events this node's log skipped because the events stream no longer held them."
     );
 }
 

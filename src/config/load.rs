@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use geodwell_core::time::Dur;
 
-use super::values::{Builder, SCHEMA, Setting, Val};
+use super::values::{Builder, SCHEMA, Setting, Val, env_var, file_key};
 use super::{Config, ConfigError, ConfigIssue, DEFAULT_TOML};
 
 /// Where a configuration comes from, besides the embedded defaults.
@@ -92,7 +92,9 @@ impl Config {
                     continue;
                 }
                 for (key, v) in body {
-                    let Some(&(_, k, _)) = SCHEMA.iter().find(|(s, k, _)| s == section && k == key)
+                    let Some(&(_, k, _)) = SCHEMA
+                        .iter()
+                        .find(|(s, k, _)| s == section && file_key(k) == key)
                     else {
                         issues.push(issue(
                             &format!("{section}.{key}"),
@@ -117,10 +119,11 @@ impl Config {
                         continue;
                     }
                     let val = match v {
-                        // `server.cors_origins`: an array of strings, read as the environment's
-                        // comma-separated form.
+                        // `server.cors_origins`, `cluster.nats_urls`: arrays of strings, read as
+                        // the environment's comma-separated form.
                         toml::Value::Array(a)
-                            if k == "cors_origins" && a.iter().all(toml::Value::is_str) =>
+                            if (k == "cors_origins" || k == "nats_urls")
+                                && a.iter().all(toml::Value::is_str) =>
                         {
                             Val::Str(
                                 a.iter()
@@ -144,7 +147,7 @@ impl Config {
                     values.insert(
                         k,
                         Setting {
-                            name: format!("{section}.{key}"),
+                            name: format!("{section}.{}", file_key(k)),
                             val,
                             base: base.clone(),
                         },
@@ -153,12 +156,12 @@ impl Config {
             }
         }
         for (section, key, _) in SCHEMA {
-            let var = format!("GEODWELL_{}", key.to_ascii_uppercase());
+            let var = env_var(key);
             if let Some(v) = env.get(&var) {
                 values.insert(
                     key,
                     Setting {
-                        name: format!("{section}.{key} (from {var})"),
+                        name: format!("{section}.{} (from {var})", file_key(key)),
                         val: Val::Str(v.clone()),
                         base: None,
                     },
@@ -173,16 +176,14 @@ impl Config {
             values.insert(
                 k,
                 Setting {
-                    name: format!("{section}.{k} (from {flag})"),
+                    name: format!("{section}.{} (from {flag})", file_key(k)),
                     val: Val::Str(v.clone()),
                     base: None,
                 },
             );
         }
         for var in env.keys() {
-            let known = SCHEMA
-                .iter()
-                .any(|(_, k, _)| *var == format!("GEODWELL_{}", k.to_ascii_uppercase()));
+            let known = SCHEMA.iter().any(|(_, k, _)| *var == env_var(k));
             if !known && var.starts_with("GEODWELL_") && var != "GEODWELL_LOG" {
                 issues.push(issue(var, "unknown environment override"));
             }
@@ -235,6 +236,7 @@ impl Config {
             map_tile_attribution: b.opt_text("map_tile_attribution"),
             api_keys,
             open_metrics: b.bool("open_metrics"),
+            cluster: None,
         };
         let mut cfg = cfg;
         // The one place `shards = 0` is resolved.
@@ -244,6 +246,7 @@ impl Config {
         if cfg.tick > Dur::from_mins(1) {
             b.issues.push(issue("time.tick", "must be at most 60s"));
         }
+        cfg.cluster = cluster(&mut b);
         let (webhooks, webhook_issues) = super::webhooks::from_config(webhooks_raw.as_ref());
         cfg.webhooks = webhooks;
         b.issues.extend(webhook_issues);
@@ -278,11 +281,37 @@ fn sections() -> String {
     s.join(", ")
 }
 
+/// `[cluster]`: a cluster node when NATS URLs are given, else `None` (the embedded store).
+fn cluster(b: &mut Builder<'_>) -> Option<super::ClusterConfig> {
+    let nats_urls = b.nats_urls("nats_urls");
+    let node_id = b.node_id("node_id");
+    let partitions = b.count("partitions");
+    let replicas = b.count("replicas");
+    let lease_ttl = b.dur("lease_ttl");
+    let checkpoint_interval = b.dur("cluster_checkpoint_interval");
+    if lease_ttl < Dur::from_secs(1) || lease_ttl > Dur::from_mins(10) {
+        b.issues
+            .push(issue("cluster.lease_ttl", "must be between 1s and 10m"));
+    }
+    if nats_urls.is_empty() {
+        return None;
+    }
+    let node_id = node_id.unwrap_or_else(super::default_node_id);
+    Some(super::ClusterConfig {
+        nats_urls,
+        node_id,
+        partitions: partitions as u16,
+        replicas,
+        lease_ttl,
+        checkpoint_interval,
+    })
+}
+
 fn keys_of(section: &str) -> String {
     SCHEMA
         .iter()
         .filter(|(s, _, _)| *s == section)
-        .map(|(_, k, _)| *k)
+        .map(|(_, k, _)| file_key(k))
         .collect::<Vec<_>>()
         .join(", ")
 }

@@ -139,6 +139,52 @@ pub struct Config {
     pub api_keys: Vec<ApiKey>,
     /// Whether `/metrics` is served without a key (`/healthz` and `/readyz` always are).
     pub open_metrics: bool,
+    /// `[cluster]`: run as a node of a cluster on NATS JetStream (`None`: one process on its
+    /// embedded store, the default).
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// `[cluster]` (docs/cluster.md): what a node needs to join a cluster on NATS JetStream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterConfig {
+    /// NATS server URLs (any one will do; the client learns the rest from the server).
+    pub nats_urls: Vec<String>,
+    /// This node's id: unique in the cluster, stable across restarts.
+    pub node_id: String,
+    /// Partitions (device hash), fixed when the cluster's streams are first created.
+    pub partitions: u16,
+    /// Replicas of the streams, buckets and object store; 0 = 3 when the NATS server is part of a
+    /// cluster, else 1.
+    pub replicas: usize,
+    /// How long a lease lives without renewal: a stopped node's partitions move after it.
+    pub lease_ttl: Dur,
+    /// How often a partition's owner checkpoints its engine (only when input arrived since).
+    pub checkpoint_interval: Dur,
+}
+
+/// The node id when none is configured: the host name (cleaned to the allowed characters), or
+/// `node`.
+pub fn default_node_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .unwrap_or_default();
+    let id: String = host
+        .trim()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(64)
+        .collect();
+    if id.is_empty() {
+        "node".to_string()
+    } else {
+        id
+    }
 }
 
 /// How state is persisted (`[store] durability`).

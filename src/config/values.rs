@@ -38,6 +38,8 @@ pub(super) enum Kind {
     /// API keys: an array of `{name, scopes, key | key_sha256}` tables in the file, or
     /// `name:scope+scope:key,...` in the environment.
     Keys,
+    /// NATS server URLs: an array of `nats://host:port` strings (or one comma-separated string).
+    NatsUrls,
 }
 
 /// (section, key, kind): the schema. Keys are unique across sections so that `GEODWELL_<KEY>`
@@ -210,7 +212,33 @@ pub(super) const SCHEMA: &[(&str, &str, Kind)] = &[
     ("ui", "map_tile_attribution", Kind::OptText),
     ("auth", "api_keys", Kind::Keys),
     ("auth", "open_metrics", Kind::Bool),
+    ("cluster", "nats_urls", Kind::NatsUrls),
+    ("cluster", "node_id", Kind::OptText),
+    ("cluster", "partitions", Kind::Count { min: 1, max: 4096 }),
+    ("cluster", "replicas", Kind::Count { min: 0, max: 5 }),
+    ("cluster", "lease_ttl", Kind::Duration { zero_ok: false }),
+    // In the file `[cluster] checkpoint_interval`; its own id (and environment variable) because
+    // `[store]` has a key of that name.
+    (
+        "cluster",
+        "cluster_checkpoint_interval",
+        Kind::Duration { zero_ok: false },
+    ),
 ];
+
+/// The key as the file spells it in its section (ids are unique across sections; a file key may
+/// repeat one of another section).
+pub(super) fn file_key(id: &str) -> &str {
+    match id {
+        "cluster_checkpoint_interval" => "checkpoint_interval",
+        k => k,
+    }
+}
+
+/// The environment variable overriding key `id`.
+pub(super) fn env_var(id: &str) -> String {
+    format!("GEODWELL_{}", id.to_ascii_uppercase())
+}
 
 #[derive(Debug, Clone)]
 pub(super) enum Val {
@@ -256,6 +284,28 @@ fn check_tile_url(url: &str) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// A NATS server URL: `nats://`, `tls://` or no scheme, then `host[:port]`, nothing after.
+fn check_nats_url(u: &str) -> Result<String, String> {
+    let rest = u
+        .strip_prefix("nats://")
+        .or_else(|| u.strip_prefix("tls://"))
+        .unwrap_or(u);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    if rest.is_empty()
+        || rest.contains(['/', '?', '#'])
+        || rest.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err("a NATS URL is nats://host:port".into());
+    }
+    if let Some((_, port)) = rest.rsplit_once(':')
+        && !rest.ends_with(']')
+        && port.parse::<u16>().is_err()
+    {
+        return Err("the port must be a number up to 65535".into());
+    }
+    Ok(u.to_string())
 }
 
 /// An origin as browsers send it: `http(s)://host[:port]`, lower-cased, without a trailing
@@ -536,6 +586,44 @@ impl Builder<'_> {
             self.fail(name, "\"*\" allows every origin and stands alone".into());
         }
         out
+    }
+
+    /// NATS server URLs (`nats://host:port`, `tls://`, or a bare `host:port`), in order.
+    pub(super) fn nats_urls(&mut self, key: &str) -> Vec<String> {
+        let Some((name, v, _)) = self.get(key) else {
+            return Vec::new();
+        };
+        let text = match v {
+            Val::Str(s) => s,
+            Val::Int(i) => i.to_string(),
+        };
+        let mut out = Vec::new();
+        for u in text.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+            match check_nats_url(u) {
+                Ok(u) => out.push(u),
+                Err(why) => self.fail(name.clone(), format!("{why}, got {u:?}")),
+            }
+        }
+        out
+    }
+
+    /// A node id: it names the node's keys and subjects in NATS, so only `[A-Za-z0-9_-]`, 1 to
+    /// 64 of them.
+    pub(super) fn node_id(&mut self, key: &str) -> Option<String> {
+        let id = self.opt_text(key)?;
+        let (name, _, _) = self.get(key)?;
+        if id.len() > 64
+            || !id
+                .bytes()
+                .all(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-')
+        {
+            self.fail(
+                name,
+                format!("a node id is 1 to 64 of A-Z a-z 0-9 _ -, got {id:?}"),
+            );
+            return None;
+        }
+        Some(id)
     }
 
     pub(super) fn opt_text(&mut self, key: &str) -> Option<String> {

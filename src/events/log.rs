@@ -232,6 +232,23 @@ impl EventLog {
         }
     }
 
+    /// Continues the log at `seq`, past a range its source no longer holds (a cluster node's
+    /// feed found the events stream's retention ahead of it): what the log holds is dropped,
+    /// so it stays one contiguous range. A `seq` not ahead of the log changes nothing.
+    pub fn skip_to(&self, seq: u64) {
+        let next = {
+            let mut g = self.lock();
+            if seq <= g.next_seq {
+                return;
+            }
+            g.buf.clear();
+            g.json.clear();
+            g.next_seq = seq;
+            g.next_seq
+        };
+        self.head.send_replace(next);
+    }
+
     /// The `seq` the next event will get.
     pub fn next_seq(&self) -> u64 {
         self.lock().next_seq

@@ -31,7 +31,9 @@ pub fn required_scope(method: &Method, route: &str, open_metrics: bool) -> Optio
         r if r.starts_with("/v1/trackers/") => Some(Scope::Ingest),
         "/v1/fences" | "/v1/fences/{id}" if read => Some(Scope::Read),
         "/v1/fences" | "/v1/fences/{id}" => Some(Scope::Admin),
-        "/v1/devices" | "/v1/devices/{id}" | "/v1/events" | "/v1/events/ws" if read => {
+        "/v1/devices" | "/v1/devices/{id}" | "/v1/events" | "/v1/events/ws" | "/v1/cluster"
+            if read =>
+        {
             Some(Scope::Read)
         }
         _ => Some(Scope::Admin),

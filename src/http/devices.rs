@@ -156,14 +156,9 @@ pub async fn get_device(
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Json<DeviceOut>, ApiError> {
     let Path(id) = path?;
-    let view = st
-        .shards()
-        .device(&id)
-        .await
-        .map_err(|_| ApiError::shutting_down())?
-        .ok_or_else(|| {
-            ApiError::not_found("device_not_found", format!("no device with id {id:?}"))
-        })?;
+    let view = st.shards().device(&id).await?.ok_or_else(|| {
+        ApiError::not_found("device_not_found", format!("no device with id {id:?}"))
+    })?;
     Ok(Json(DeviceOut {
         buffered: view.buffered as u64,
         device: view.id,
@@ -213,11 +208,7 @@ pub async fn list_devices(
             .map_err(|e| ApiError::bad_request("bad_query", format!("after={e}")))?,
         None => DeviceCursor::default(),
     };
-    let (page, next) = st
-        .shards()
-        .device_page(after, limit)
-        .await
-        .map_err(|_| ApiError::shutting_down())?;
+    let (page, next) = st.shards().device_page(after, limit).await?;
     Ok(Json(DevicePage {
         devices: page.into_iter().map(DeviceSummaryOut::from).collect(),
         next_after: next.map(|c| c.to_string()),

@@ -235,6 +235,17 @@ impl From<axum::extract::rejection::QueryRejection> for ApiError {
     }
 }
 
+impl From<crate::shard::QueryError> for ApiError {
+    fn from(e: crate::shard::QueryError) -> ApiError {
+        match e {
+            crate::shard::QueryError::Closed => ApiError::shutting_down(),
+            crate::shard::QueryError::Unavailable(msg) => {
+                ApiError::unavailable("partition_unavailable", msg)
+            }
+        }
+    }
+}
+
 impl From<crate::ingest::BatchError> for ApiError {
     fn from(e: crate::ingest::BatchError) -> ApiError {
         match e {

@@ -109,6 +109,7 @@ impl From<FenceWriteError> for ApiError {
             }
             FenceWriteError::NotFound(_) => ApiError::not_found("fence_not_found", e.to_string()),
             FenceWriteError::Store(msg) => BatchError::StoreUnavailable(msg).into(),
+            FenceWriteError::Conflict => BatchError::StoreUnavailable(e.to_string()).into(),
             FenceWriteError::ShuttingDown => ApiError::shutting_down(),
         }
     }

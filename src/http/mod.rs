@@ -4,6 +4,7 @@
 
 pub mod auth;
 pub mod body;
+pub mod cluster;
 pub mod devices;
 pub mod error;
 pub mod events;
@@ -94,6 +95,7 @@ pub fn documented_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(ops::metrics))
         .routes(routes!(ops::healthz))
         .routes(routes!(ops::readyz))
+        .routes(routes!(cluster::get_cluster))
         .routes(routes!(trackers::osmand))
         .routes(routes!(trackers::owntracks))
         .routes(routes!(webhooks::list_webhooks, webhooks::create_webhook))

@@ -108,9 +108,10 @@ pub async fn healthz() -> Json<Health> {
     })
 }
 
-/// `GET /readyz`: every shard is running and the service is not shutting down.
+/// `GET /readyz`: every shard is running (a cluster node: connected, caught up, its partitions
+/// live or none) and the service is not shutting down.
 #[utoipa::path(get, path = "/readyz", tag = "ops", security(()),
-    description = "Every shard runs and the service is not shutting down. Always open.",
+    description = "Every shard runs (a cluster node: connected to NATS, its event log caught up, each partition it owns live, or it stands by) and the service is not shutting down. Always open.",
     responses(
         (status = 200, description = "Ready", body = Ready),
         (status = 503, description = "Not ready", body = NotReady),
@@ -118,8 +119,12 @@ pub async fn healthz() -> Json<Health> {
 pub async fn readyz(
     State(st): State<Arc<AppState>>,
 ) -> Result<Json<Ready>, (StatusCode, Json<NotReady>)> {
-    let shards_up = st.shards().running();
-    if shards_up && !st.is_shutting_down() {
+    // A cluster node: connected, caught up, and its partitions live (or it stands by).
+    let up = match st.cluster() {
+        Some(node) => node.ready() && st.shards().running(),
+        None => st.shards().running(),
+    };
+    if up && !st.is_shutting_down() {
         Ok(Json(Ready {
             clock: st.config().clock,
             fences: st.fences().len() as u64,

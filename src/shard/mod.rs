@@ -13,8 +13,8 @@
 //! - Fence changes are sent to every shard in the order they are made (the caller serializes
 //!   them, see `crate::fences`), so all shards hold the same fences.
 //!
-//! A cluster puts another implementation behind the same methods: partitions owned by other
-//! nodes, reached through NATS JetStream (see docs/architecture.md).
+//! A cluster node puts another implementation behind the same methods ([`Partitions`]):
+//! partitions owned by the cluster's nodes, reached through NATS JetStream (docs/cluster.md).
 
 mod task;
 
@@ -109,6 +109,66 @@ pub enum SendError {
 #[error("the shards are shutting down")]
 pub struct Closed;
 
+/// Why a device query got no answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueryError {
+    /// The service is shutting down.
+    #[error("the service is shutting down")]
+    Closed,
+    /// The partition holding the device has no reachable owner right now (a cluster node is
+    /// taking it over); retry shortly.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl From<Closed> for QueryError {
+    fn from(_: Closed) -> QueryError {
+        QueryError::Closed
+    }
+}
+
+/// A boxed future, as [`Partitions`]' async methods return them.
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+/// A page of devices and the slot after it.
+pub type DevicePage = (Vec<DeviceSummary>, Option<u32>);
+
+/// Partitions owned by the nodes of a cluster (implemented by `crate::cluster`): the seam a
+/// cluster node's [`Shards`] handle routes through. Batches go into the partitions' input,
+/// queries to their owners.
+pub trait Partitions: Send + Sync + fmt::Debug {
+    /// How many partitions there are.
+    fn len(&self) -> usize;
+
+    /// Whether there are none (never, for a cluster).
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether the node can take input (connected, its ingest running).
+    fn running(&self) -> bool;
+
+    /// Queues each partition's part (`parts[p]`; empty parts skipped), all or nothing; `stamp`
+    /// runs once every part has room, before anything is queued. Each reply arrives once the
+    /// part is durable in its partition's input, with the owner's outcomes when it gave them.
+    fn send_parts(
+        &self,
+        parts: Vec<Vec<StampedFix>>,
+        stamp: &mut dyn FnMut(&mut [Vec<StampedFix>]),
+    ) -> Result<Vec<PartReply>, SendError>;
+
+    /// Device `id`'s state, from its partition's owner.
+    fn device(&self, id: String) -> BoxFuture<'_, Result<Option<DeviceView>, QueryError>>;
+
+    /// Up to `limit` devices of partition `p` from slot `from`, and the slot after them.
+    fn device_page(
+        &self,
+        p: usize,
+        from: u32,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<DevicePage, QueryError>>;
+}
+
 /// The answer of one shard to its part of a batch, once that part's step is durable.
 pub type PartReply = oneshot::Receiver<StepReply>;
 
@@ -153,34 +213,50 @@ impl FromStr for DeviceCursor {
     }
 }
 
-/// The handle to this process's shards (cheap to clone).
+/// The handle to the engines (cheap to clone): this process's shards, or a cluster's
+/// partitions.
 #[derive(Debug, Clone)]
 pub struct Shards {
     senders: Arc<[mpsc::Sender<ShardMsg>]>,
+    remote: Option<Arc<dyn Partitions>>,
 }
 
 /// Request ids: the publisher groups the parts of one request by it.
 static REQUESTS: AtomicU64 = AtomicU64::new(1);
 
 impl Shards {
-    /// How many shards there are.
+    /// A cluster node's handle: every call goes to `partitions`.
+    pub fn remote(partitions: Arc<dyn Partitions>) -> Shards {
+        Shards {
+            senders: Arc::new([]),
+            remote: Some(partitions),
+        }
+    }
+
+    /// How many shards (or partitions) there are.
     pub fn len(&self) -> usize {
-        self.senders.len()
+        match &self.remote {
+            Some(r) => r.len(),
+            None => self.senders.len(),
+        }
     }
 
     /// Whether there are none (never, for a running service).
     pub fn is_empty(&self) -> bool {
-        self.senders.is_empty()
+        self.len() == 0
     }
 
     /// The shard `device` belongs to.
     pub fn of(&self, device: &str) -> usize {
-        shard_of(device, self.senders.len())
+        shard_of(device, self.len())
     }
 
-    /// Whether every shard task is running.
+    /// Whether every shard task is running (a cluster node: whether it can take input).
     pub fn running(&self) -> bool {
-        self.senders.iter().all(|s| !s.is_closed())
+        match &self.remote {
+            Some(r) => r.running(),
+            None => self.senders.iter().all(|s| !s.is_closed()),
+        }
     }
 
     /// Sends each shard its part of a batch (`parts[k]` for shard `k`; empty parts are skipped),
@@ -193,6 +269,20 @@ impl Shards {
         arrived: Instant,
         stamp: impl FnOnce(&mut [Vec<StampedFix>]) -> T,
     ) -> Result<(Vec<PartReply>, T), SendError> {
+        if let Some(r) = &self.remote {
+            let mut stamp = Some(stamp);
+            let mut stamped = None;
+            let replies = r.send_parts(parts, &mut |parts| {
+                if let Some(f) = stamp.take() {
+                    stamped = Some(f(parts));
+                }
+            })?;
+            let _ = arrived;
+            return match stamped {
+                Some(t) => Ok((replies, t)),
+                None => Err(SendError::Closed),
+            };
+        }
         let mut permits = Vec::new();
         for (k, fixes) in parts.iter().enumerate() {
             if fixes.is_empty() {
@@ -224,7 +314,10 @@ impl Shards {
     }
 
     /// The state of device `id`, asked of its shard; `None` for an unknown device.
-    pub async fn device(&self, id: &str) -> Result<Option<DeviceView>, Closed> {
+    pub async fn device(&self, id: &str) -> Result<Option<DeviceView>, QueryError> {
+        if let Some(r) = &self.remote {
+            return r.device(id.to_string()).await;
+        }
         let (tx, rx) = oneshot::channel();
         self.senders[self.of(id)]
             .send(ShardMsg::Device {
@@ -232,8 +325,8 @@ impl Shards {
                 reply: tx,
             })
             .await
-            .map_err(|_| Closed)?;
-        rx.await.map_err(|_| Closed)
+            .map_err(|_| QueryError::Closed)?;
+        rx.await.map_err(|_| QueryError::Closed)
     }
 
     /// Up to `limit` devices from `after` on, and where the next page starts (`None`: done).
@@ -242,23 +335,29 @@ impl Shards {
         &self,
         after: DeviceCursor,
         limit: usize,
-    ) -> Result<(Vec<DeviceSummary>, Option<DeviceCursor>), Closed> {
+    ) -> Result<(Vec<DeviceSummary>, Option<DeviceCursor>), QueryError> {
         let DeviceCursor {
             mut shard,
             mut slot,
         } = after;
         let mut devices = Vec::new();
-        while shard < self.senders.len() {
-            let (tx, rx) = oneshot::channel();
-            self.senders[shard]
-                .send(ShardMsg::DevicePage {
-                    from: slot,
-                    limit: limit - devices.len(),
-                    reply: tx,
-                })
-                .await
-                .map_err(|_| Closed)?;
-            let (page, next) = rx.await.map_err(|_| Closed)?;
+        let n = self.len();
+        while shard < n {
+            let (page, next) = match &self.remote {
+                Some(r) => r.device_page(shard, slot, limit - devices.len()).await?,
+                None => {
+                    let (tx, rx) = oneshot::channel();
+                    self.senders[shard]
+                        .send(ShardMsg::DevicePage {
+                            from: slot,
+                            limit: limit - devices.len(),
+                            reply: tx,
+                        })
+                        .await
+                        .map_err(|_| QueryError::Closed)?;
+                    rx.await.map_err(|_| QueryError::Closed)?
+                }
+            };
             devices.extend(page);
             match next {
                 Some(n) => slot = n,
@@ -268,7 +367,7 @@ impl Shards {
                 }
             }
             if devices.len() >= limit {
-                let next = (shard < self.senders.len()).then_some(DeviceCursor { shard, slot });
+                let next = (shard < n).then_some(DeviceCursor { shard, slot });
                 return Ok((devices, next));
             }
         }
@@ -369,6 +468,7 @@ mod batch_tests {
         (
             Shards {
                 senders: senders.into(),
+                remote: None,
             },
             receivers,
         )

@@ -92,6 +92,7 @@ pub fn spawn(shards: Vec<ShardStart>, ctx: ShardCtx) -> (Shards, Vec<tokio::task
     (
         Shards {
             senders: senders.into(),
+            remote: None,
         },
         tasks,
     )

@@ -33,7 +33,7 @@
 mod batch;
 mod check;
 pub mod checkpoint;
-mod codec;
+pub(crate) mod codec;
 mod events;
 pub mod input;
 mod migrate;

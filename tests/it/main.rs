@@ -16,6 +16,7 @@ mod common;
 mod auth;
 mod bad_input;
 mod cli;
+mod cluster;
 mod durability;
 mod e2e;
 mod fences_api;

@@ -21,7 +21,7 @@ use geodwell_sim::rng::Rng;
 use serde_json::{Value, json};
 
 /// (id, lon, lat, feature)
-fn fences() -> Vec<(String, f64, f64, Value)> {
+pub(crate) fn fences() -> Vec<(String, f64, f64, Value)> {
     let square = |id: &str, lon: f64, lat: f64, half: f64, props: Value| {
         let c = json!([[
             [lon - half, lat - half],
@@ -121,7 +121,7 @@ fn jitter(rng: &mut Rng, lon: f64, lat: f64, metres: f64) -> (f64, f64) {
     (lon + dlon, lat + dlat)
 }
 
-fn trace(seed: u64, trucks: usize, days: i64) -> Vec<Value> {
+pub(crate) fn trace(seed: u64, trucks: usize, days: i64) -> Vec<Value> {
     let mut rng = Rng::new(seed);
     let places = fences();
     let depots = [&places[0], &places[1]];
@@ -204,7 +204,7 @@ fn trace(seed: u64, trucks: usize, days: i64) -> Vec<Value> {
     out
 }
 
-fn to_fix(v: &Value) -> Fix {
+pub(crate) fn to_fix(v: &Value) -> Fix {
     Fix::new(
         v["device"].as_str().unwrap(),
         Ts(v["ts"].as_i64().unwrap()),

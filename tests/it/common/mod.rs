@@ -28,6 +28,8 @@ pub type Ws =
 pub fn temp_dir() -> TempDir {
     tempfile::Builder::new()
         .prefix("geodwell-test-")
+        // KEEP_TEST_DIRS=1 keeps every test's directory (logs, stores) for a post-mortem.
+        .disable_cleanup(std::env::var_os("KEEP_TEST_DIRS").is_some())
         .tempdir()
         .expect("a temp dir")
 }

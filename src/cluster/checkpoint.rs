@@ -1,0 +1,287 @@
+//! A partition's checkpoint: its engine's state at a position of its input, as one object in the
+//! object store, and the pointer to the newest one (a key of the META bucket, moved by
+//! compare-and-set).
+//!
+//! Object layout (`uv` LEB128, `zz` zigzag varints; devices in the embedded store's encoding,
+//! `store::codec`):
+//!
+//! ```text
+//! "GDCK" u8 version(1) uv partition uv input_seq uv fence_pos uv ev_mark
+//! u8 has_w [zz w] uv devices, then per device: uv len + id, uv len + state
+//! u64 LE xxh3 of everything before it
+//! ```
+//!
+//! Invariants: an object is written under a name no other checkpoint uses (partition, epoch,
+//! input position) before the pointer names it, so a pointer never names a half-written or
+//! replaced object; the pointer only moves forward in input position (a slower or older owner's
+//! checkpoint never replaces a newer one); a pointer moves only once every event the checkpoint
+//! covers is in the events stream (the caller waits for that), so a takeover that starts from it
+//! never needs an event the checkpoint's input produced.
+
+use geodwell_core::engine::DeviceState;
+use geodwell_core::time::Ts;
+
+use super::nats::{Nats, NatsError};
+use crate::store::codec::{self, DecodeError, Reader, put_str, put_uv, put_zz};
+
+/// Where a partition's newest checkpoint is, and what it covers.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Pointer {
+    /// The object holding it.
+    pub object: String,
+    /// The last input record it covers (stream sequence of `IN_STREAM`).
+    pub input_seq: u64,
+    /// The fence stream position its engine had applied.
+    pub fence_pos: u64,
+    /// The events stream's last sequence on the partition's subject when it was frozen: every
+    /// event its input produced after that has a higher sequence.
+    pub ev_mark: u64,
+    /// The object of the checkpoint before it (its input is kept as a fallback).
+    pub previous: Option<(String, u64)>,
+    /// Who wrote it, with which lease epoch.
+    pub node: String,
+    /// The lease epoch.
+    pub epoch: u64,
+    /// When it was written (Unix ms).
+    pub at_ms: i64,
+    /// Devices in it.
+    pub devices: u64,
+    /// Its size in bytes.
+    pub bytes: u64,
+}
+
+/// The META key of partition `p`'s checkpoint pointer.
+pub fn pointer_key(p: u16) -> String {
+    format!("ck.{p}")
+}
+
+/// A decoded checkpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Checkpoint {
+    /// Partition.
+    pub partition: u16,
+    /// Last input record covered.
+    pub input_seq: u64,
+    /// Fence position applied.
+    pub fence_pos: u64,
+    /// See [`Pointer::ev_mark`].
+    pub ev_mark: u64,
+    /// The engine's watermark.
+    pub watermark: Option<Ts>,
+    /// Every device.
+    pub devices: Vec<DeviceState>,
+}
+
+/// Builds a checkpoint object a chunk of devices at a time (the partition hands devices out in
+/// chunks while it goes on working).
+#[derive(Debug)]
+pub struct Encoder {
+    head: Vec<u8>,
+    body: Vec<u8>,
+    devices: u64,
+}
+
+impl Encoder {
+    /// Starts the object of `partition` at this position.
+    pub fn new(
+        partition: u16,
+        input_seq: u64,
+        fence_pos: u64,
+        ev_mark: u64,
+        watermark: Option<Ts>,
+    ) -> Encoder {
+        let mut head = Vec::with_capacity(64);
+        head.extend_from_slice(b"GDCK");
+        head.push(1);
+        put_uv(&mut head, u64::from(partition));
+        put_uv(&mut head, input_seq);
+        put_uv(&mut head, fence_pos);
+        put_uv(&mut head, ev_mark);
+        match watermark {
+            Some(w) => {
+                head.push(1);
+                put_zz(&mut head, w.0);
+            }
+            None => head.push(0),
+        }
+        Encoder {
+            head,
+            body: Vec::new(),
+            devices: 0,
+        }
+    }
+
+    /// Adds devices.
+    pub fn devices(&mut self, devices: &[DeviceState]) {
+        let mut one = Vec::new();
+        for d in devices {
+            put_str(&mut self.body, &d.id);
+            one.clear();
+            codec::encode_device(d, &mut one);
+            put_uv(&mut self.body, one.len() as u64);
+            self.body.extend_from_slice(&one);
+        }
+        self.devices += devices.len() as u64;
+    }
+
+    /// Devices added so far.
+    pub fn count(&self) -> u64 {
+        self.devices
+    }
+
+    /// The finished object.
+    pub fn finish(self) -> Vec<u8> {
+        let mut out = self.head;
+        put_uv(&mut out, self.devices);
+        out.extend_from_slice(&self.body);
+        let sum = xxhash_rust::xxh3::xxh3_64(&out);
+        out.extend_from_slice(&sum.to_le_bytes());
+        out
+    }
+}
+
+/// Decodes a checkpoint object.
+pub fn decode(bytes: &[u8]) -> Result<Checkpoint, DecodeError> {
+    if bytes.len() < 13 {
+        return Err(DecodeError("checkpoint too short".into()));
+    }
+    let (data, sum) = bytes.split_at(bytes.len() - 8);
+    let mut want = [0u8; 8];
+    want.copy_from_slice(sum);
+    if xxhash_rust::xxh3::xxh3_64(data) != u64::from_le_bytes(want) {
+        return Err(DecodeError("checkpoint checksum does not match".into()));
+    }
+    if &data[..4] != b"GDCK" {
+        return Err(DecodeError("not a geodwell checkpoint".into()));
+    }
+    let mut r = Reader { b: data, at: 4 };
+    let version = r.u8()?;
+    if version != 1 {
+        return Err(DecodeError(format!("checkpoint version {version} unknown")));
+    }
+    let partition =
+        u16::try_from(r.uv()?).map_err(|_| DecodeError("partition out of range".into()))?;
+    let input_seq = r.uv()?;
+    let fence_pos = r.uv()?;
+    let ev_mark = r.uv()?;
+    let watermark = if r.bool()? { Some(Ts(r.zz()?)) } else { None };
+    let n = r.len()?;
+    let mut devices = Vec::with_capacity(n.min(1 << 20));
+    for _ in 0..n {
+        let id = r.str()?.to_string();
+        let len = r.len()?;
+        let end =
+            r.at.checked_add(len)
+                .filter(|&e| e <= data.len())
+                .ok_or_else(|| r.err("truncated device"))?;
+        devices.push(codec::decode_device(&id, &data[r.at..end])?);
+        r.at = end;
+    }
+    if r.at != data.len() {
+        return Err(r.err("trailing bytes"));
+    }
+    Ok(Checkpoint {
+        partition,
+        input_seq,
+        fence_pos,
+        ev_mark,
+        watermark,
+        devices,
+    })
+}
+
+/// Reads partition `p`'s pointer and its revision (from the bucket's leader).
+pub async fn read_pointer(nats: &Nats, p: u16) -> Result<Option<(Pointer, u64)>, NatsError> {
+    let Some((v, rev)) = Nats::kv_read(&nats.meta, &pointer_key(p)).await? else {
+        return Ok(None);
+    };
+    let ptr = serde_json::from_slice(&v).map_err(|e| NatsError::Corrupt {
+        what: format!("checkpoint pointer of partition {p}"),
+        detail: e.to_string(),
+    })?;
+    Ok(Some((ptr, rev)))
+}
+
+/// Moves partition `p`'s pointer to `new` unless the current one is already as far: true when
+/// it moved. Retries a lost compare-and-set against the newer value.
+pub async fn move_pointer(nats: &Nats, p: u16, new: &Pointer) -> Result<bool, NatsError> {
+    let key = pointer_key(p);
+    let body = bytes::Bytes::from(serde_json::to_vec(new).unwrap_or_default());
+    for _ in 0..8 {
+        let res = match read_pointer(nats, p).await? {
+            Some((cur, _)) if cur.input_seq >= new.input_seq => return Ok(false),
+            Some((_, rev)) => nats
+                .meta
+                .update(&key, body.clone(), rev)
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string()),
+            None => nats
+                .meta
+                .create(&key, body.clone())
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string()),
+        };
+        match res {
+            Ok(()) => return Ok(true),
+            Err(e) => {
+                tracing::debug!(partition = p, error = %e, "checkpoint pointer CAS lost; re-reading")
+            }
+        }
+    }
+    Err(NatsError::request(
+        format!("move the checkpoint pointer of partition {p}"),
+        "kept losing the compare-and-set",
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use geodwell_core::pairs::PairState;
+
+    fn device(id: &str) -> DeviceState {
+        DeviceState {
+            id: id.into(),
+            last_applied: Some(1_700_000_000_000),
+            last_position: Some((53.5, -9.9)),
+            buffer: vec![(1_700_000_001_000, 53.6, -9.8, Some(4.0))],
+            pairs: Vec::<(String, PairState)>::new(),
+        }
+    }
+
+    #[test]
+    fn checkpoints_round_trip_and_damage_is_refused() {
+        let mut enc = Encoder::new(7, 1234, 56, 789, Some(Ts(-5)));
+        enc.devices(&[device("a"), device("truck-17")]);
+        enc.devices(&[device("ü")]);
+        assert_eq!(enc.count(), 3);
+        let bytes = enc.finish();
+        let ck = decode(&bytes).unwrap();
+        assert_eq!(
+            (
+                ck.partition,
+                ck.input_seq,
+                ck.fence_pos,
+                ck.ev_mark,
+                ck.watermark
+            ),
+            (7, 1234, 56, 789, Some(Ts(-5)))
+        );
+        assert_eq!(
+            ck.devices,
+            vec![device("a"), device("truck-17"), device("ü")]
+        );
+        for cut in 0..bytes.len() {
+            assert!(decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        for i in 0..bytes.len() {
+            let mut bad = bytes.clone();
+            bad[i] ^= 0x20;
+            assert!(decode(&bad).is_err(), "flipped byte {i}");
+        }
+        let empty = Encoder::new(0, 0, 0, 0, None).finish();
+        assert_eq!(decode(&empty).unwrap().devices, vec![]);
+    }
+}

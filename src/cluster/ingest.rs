@@ -1,0 +1,437 @@
+//! Ingest on a cluster node: a validated, stamped batch split by partition goes into each
+//! partition's input subject; the answer waits for every part's PubAck and then, briefly, for the
+//! owners' outcomes (accepted, late, duplicate, refused), so a node answers like one process.
+//!
+//! - One task publishes every part in the order the batches were dispatched (a connection that
+//!   pipelines batches keeps their order within each partition); acknowledgements are awaited
+//!   concurrently.
+//! - Each part carries `Nats-Msg-Id` = a hash of its partition and its fixes (not their stamps):
+//!   a batch sent again within the stream's duplicate window is dropped by the stream, and its
+//!   fixes are answered `duplicate`, which is what the engine would answer too.
+//! - Each part names this node and a request number in [`REPLY_HEADER`]; the owner, once it has
+//!   applied the part, sends the outcomes to `geodwell.out.<node>`. An owner that does not answer
+//!   within [`OUTCOME_WAIT`] (it is being taken over) leaves the part's fixes answered `accepted`:
+//!   they are durable and will be applied; the engine's verdict on them then shows only in the
+//!   metrics.
+//!
+//! Bounds: the dispatch queue (`shard_queue` parts; full: 503 `overloaded`), and at most
+//! [`MAX_IN_FLIGHT`] parts waiting for acknowledgements and outcomes.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::message::PublishMessage;
+use futures_util::StreamExt;
+use metrics::counter;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::nats::{Nats, REQUEST_TIMEOUT, in_subject, outcome_subject};
+use super::record::encode_fix_record;
+use crate::events::publisher::{FixOutcome, PublishError, StepReply};
+use crate::shard::{SendError, StampedFix};
+use crate::store::codec::{DecodeError, Reader, put_uv};
+use crate::telemetry as t;
+use geodwell_core::engine::{IngestError, Ingested};
+
+/// The header naming who waits for a part's outcomes: `<node>.<request>`.
+pub const REPLY_HEADER: &str = "Geodwell-Reply";
+
+/// How long a part's answer waits for its owner's outcomes after its PubAck.
+pub const OUTCOME_WAIT: Duration = Duration::from_secs(2);
+
+/// Parts waiting for acknowledgements and outcomes at most.
+pub const MAX_IN_FLIGHT: usize = 8192;
+
+/// One part of a batch, bound for a partition.
+#[derive(Debug)]
+struct Job {
+    p: u16,
+    record: Vec<u8>,
+    msg_id: String,
+    /// Per fix: its index in the request and its device.
+    fixes: Vec<(usize, Arc<str>)>,
+    max_ts: i64,
+    reply: oneshot::Sender<StepReply>,
+}
+
+/// The node's ingest into the partitions' input (cheap to clone).
+#[derive(Debug, Clone)]
+pub struct ClusterIngest {
+    tx: mpsc::Sender<Job>,
+    partitions: u16,
+    /// The largest fix time of any part acknowledged by the stream (event mode's source).
+    acked_max: Arc<AtomicI64>,
+}
+
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Vec<Outcome>>>>>;
+
+impl ClusterIngest {
+    /// Starts the publisher and the outcome listener of node `node`.
+    pub async fn start(
+        nats: Nats,
+        node: &str,
+        queue: usize,
+        stop: CancellationToken,
+    ) -> Result<ClusterIngest, super::nats::NatsError> {
+        let (tx, rx) = mpsc::channel(queue.max(1));
+        let nats_partitions = nats.partitions;
+        let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
+        let mut sub = nats
+            .client
+            .subscribe(outcome_subject(node))
+            .await
+            .map_err(|e| super::nats::NatsError::request("subscribe to outcomes", e))?;
+        let listener_pending = pending.clone();
+        let listen_stop = stop.clone();
+        tokio::spawn(async move {
+            loop {
+                let m = tokio::select! {
+                    _ = listen_stop.cancelled() => return,
+                    m = sub.next() => m,
+                };
+                let Some(m) = m else { return };
+                if let Ok((req, outcomes)) = decode_outcomes(&m.payload) {
+                    let waiter = listener_pending
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&req);
+                    if let Some(w) = waiter {
+                        let _ = w.send(outcomes);
+                    }
+                }
+            }
+        });
+        let acked_max = Arc::new(AtomicI64::new(i64::MIN));
+        tokio::spawn(publish(
+            nats,
+            node.to_string(),
+            rx,
+            pending,
+            acked_max.clone(),
+            stop,
+        ));
+        Ok(ClusterIngest {
+            tx,
+            partitions: nats_partitions,
+            acked_max,
+        })
+    }
+
+    /// Partitions.
+    pub fn partitions(&self) -> usize {
+        self.partitions as usize
+    }
+
+    /// Whether the publisher runs.
+    pub fn running(&self) -> bool {
+        !self.tx.is_closed()
+    }
+
+    /// The largest fix time acknowledged so far (`i64::MIN`: none).
+    pub fn acked_max(&self) -> i64 {
+        self.acked_max.load(Ordering::Acquire)
+    }
+
+    /// Queues each partition's part of a batch, all or nothing (see `Shards::send_batch_with`).
+    pub fn send_batch_with<T>(
+        &self,
+        mut parts: Vec<Vec<StampedFix>>,
+        stamp: impl FnOnce(&mut [Vec<StampedFix>]) -> T,
+    ) -> Result<(Vec<oneshot::Receiver<StepReply>>, T), SendError> {
+        let n = parts.iter().filter(|p| !p.is_empty()).count();
+        let permits = match self.tx.try_reserve_many(n) {
+            Ok(p) => p,
+            Err(mpsc::error::TrySendError::Full(_)) => return Err(SendError::Full),
+            Err(mpsc::error::TrySendError::Closed(_)) => return Err(SendError::Closed),
+        };
+        let stamped = stamp(&mut parts);
+        let mut replies = Vec::with_capacity(n);
+        let mut permits = permits.into_iter();
+        for (p, fixes) in parts.into_iter().enumerate() {
+            if fixes.is_empty() {
+                continue;
+            }
+            let Some(permit) = permits.next() else { break };
+            let mut record = Vec::with_capacity(16 + fixes.len() * 48);
+            encode_fix_record(
+                fixes.len(),
+                fixes.iter().map(|s| (&s.fix, s.w)),
+                &mut record,
+            );
+            let (tx, rx) = oneshot::channel();
+            permit.send(Job {
+                p: p as u16,
+                msg_id: part_id(p as u16, &fixes),
+                max_ts: fixes.iter().map(|s| s.fix.ts.0).max().unwrap_or(i64::MIN),
+                fixes: fixes
+                    .iter()
+                    .map(|s| (s.index, s.fix.device.clone()))
+                    .collect(),
+                record,
+                reply: tx,
+            });
+            replies.push(rx);
+        }
+        Ok((replies, stamped))
+    }
+}
+
+/// A part's message id: its partition and its fixes, not their stamps (a re-sent batch is
+/// stamped anew and must still be recognized).
+fn part_id(p: u16, fixes: &[StampedFix]) -> String {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(&p.to_le_bytes());
+    for s in fixes {
+        let f = &s.fix;
+        h.update(&(f.device.len() as u64).to_le_bytes());
+        h.update(f.device.as_bytes());
+        h.update(&f.ts.0.to_le_bytes());
+        h.update(&f.lat.to_bits().to_le_bytes());
+        h.update(&f.lon.to_bits().to_le_bytes());
+        h.update(&f.accuracy.map_or(u64::MAX, f64::to_bits).to_le_bytes());
+    }
+    format!("fx-{p}-{:032x}", h.digest128())
+}
+
+/// Publishes parts in order; each part's acknowledgement and outcomes are awaited in a task of
+/// its own.
+async fn publish(
+    nats: Nats,
+    node: String,
+    mut rx: mpsc::Receiver<Job>,
+    pending: Pending,
+    acked_max: Arc<AtomicI64>,
+    stop: CancellationToken,
+) {
+    static REQUESTS: AtomicU64 = AtomicU64::new(1);
+    let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    loop {
+        let job = tokio::select! {
+            biased;
+            j = rx.recv() => j,
+            _ = stop.cancelled() => {
+                rx.close();
+                rx.recv().await
+            }
+        };
+        let Some(mut job) = job else { return };
+        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+            return;
+        };
+        let req = REQUESTS.fetch_add(1, Ordering::Relaxed);
+        let (otx, orx) = oneshot::channel();
+        pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(req, otx);
+        let mut headers = HeaderMap::new();
+        headers.insert(REPLY_HEADER, format!("{node}.{req}").as_str());
+        let record = std::mem::take(&mut job.record);
+        let msg = PublishMessage::build()
+            .message_id(&job.msg_id)
+            .headers(headers)
+            .payload(record.into());
+        let sent = nats.js.send_publish(in_subject(job.p), msg).await;
+        let pending = pending.clone();
+        let acked_max = acked_max.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let ack = match sent {
+                Ok(f) => tokio::time::timeout(REQUEST_TIMEOUT, f.into_future())
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(async_nats::jetstream::context::PublishError::new(
+                            async_nats::jetstream::context::PublishErrorKind::TimedOut,
+                        ))
+                    }),
+                Err(e) => Err(e),
+            };
+            let reply = match ack {
+                Err(e) => {
+                    counter!(t::CLUSTER_INGEST_FAILURES).increment(1);
+                    pending
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&req);
+                    Err(PublishError::Store(format!(
+                        "the partition's input did not acknowledge: {e}"
+                    )))
+                }
+                Ok(a) if a.duplicate => {
+                    pending
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&req);
+                    Ok(job
+                        .fixes
+                        .iter()
+                        .map(|(i, _)| (*i, Ok(Ingested::Duplicate)))
+                        .collect())
+                }
+                Ok(_) => {
+                    acked_max.fetch_max(job.max_ts, Ordering::AcqRel);
+                    let outcomes = tokio::time::timeout(OUTCOME_WAIT, orx).await;
+                    pending
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&req);
+                    match outcomes {
+                        Ok(Ok(o)) if o.len() == job.fixes.len() => Ok(job
+                            .fixes
+                            .iter()
+                            .zip(o)
+                            .map(|((i, device), o)| (*i, o.into_result(device)))
+                            .collect::<Vec<FixOutcome>>()),
+                        _ => {
+                            counter!(t::CLUSTER_OUTCOMES_UNCONFIRMED)
+                                .increment(job.fixes.len() as u64);
+                            Ok(job
+                                .fixes
+                                .iter()
+                                .map(|(i, _)| (*i, Ok(Ingested::Accepted)))
+                                .collect())
+                        }
+                    }
+                }
+            };
+            let _ = job.reply.send(reply);
+        });
+    }
+}
+
+/// How the owner took one fix, on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Accepted.
+    Accepted,
+    /// Late.
+    Late,
+    /// Duplicate.
+    Duplicate,
+    /// Refused: the partition holds as many devices as it may.
+    TooManyDevices,
+    /// Refused: the device's buffer is full (`max` fixes).
+    BufferFull(u64),
+}
+
+impl Outcome {
+    fn of(r: &Result<Ingested, IngestError>) -> Outcome {
+        match r {
+            Ok(Ingested::Accepted) => Outcome::Accepted,
+            Ok(Ingested::Late) => Outcome::Late,
+            Ok(Ingested::Duplicate) => Outcome::Duplicate,
+            Err(IngestError::TooManyDevices { .. }) => Outcome::TooManyDevices,
+            Err(IngestError::BufferFull { max, .. }) => Outcome::BufferFull(*max as u64),
+        }
+    }
+
+    fn into_result(self, device: &Arc<str>) -> Result<Ingested, IngestError> {
+        match self {
+            Outcome::Accepted => Ok(Ingested::Accepted),
+            Outcome::Late => Ok(Ingested::Late),
+            Outcome::Duplicate => Ok(Ingested::Duplicate),
+            Outcome::TooManyDevices => Err(IngestError::TooManyDevices {
+                device: device.clone(),
+            }),
+            Outcome::BufferFull(max) => Err(IngestError::BufferFull {
+                device: device.clone(),
+                max: max as usize,
+            }),
+        }
+    }
+}
+
+/// Encodes a part's outcomes: `uv req`, `uv n`, then per fix a code (0 accepted, 1 late,
+/// 2 duplicate, 3 too many devices, 4 buffer full + `uv max`).
+pub fn encode_outcomes(req: u64, outcomes: &[Result<Ingested, IngestError>]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + outcomes.len());
+    put_uv(&mut out, req);
+    put_uv(&mut out, outcomes.len() as u64);
+    for o in outcomes {
+        match Outcome::of(o) {
+            Outcome::Accepted => out.push(0),
+            Outcome::Late => out.push(1),
+            Outcome::Duplicate => out.push(2),
+            Outcome::TooManyDevices => out.push(3),
+            Outcome::BufferFull(max) => {
+                out.push(4);
+                put_uv(&mut out, max);
+            }
+        }
+    }
+    out
+}
+
+/// Decodes [`encode_outcomes`].
+pub fn decode_outcomes(b: &[u8]) -> Result<(u64, Vec<Outcome>), DecodeError> {
+    let mut r = Reader { b, at: 0 };
+    let req = r.uv()?;
+    let n = r.len()?;
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(match r.u8()? {
+            0 => Outcome::Accepted,
+            1 => Outcome::Late,
+            2 => Outcome::Duplicate,
+            3 => Outcome::TooManyDevices,
+            4 => Outcome::BufferFull(r.uv()?),
+            c => return Err(DecodeError(format!("unknown outcome {c}"))),
+        });
+    }
+    if r.at != b.len() {
+        return Err(r.err("trailing bytes"));
+    }
+    Ok((req, out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use geodwell_core::fix::Fix;
+    use geodwell_core::time::Ts;
+
+    #[test]
+    fn outcomes_round_trip() {
+        let d: Arc<str> = Arc::from("d");
+        let all = vec![
+            Ok(Ingested::Accepted),
+            Ok(Ingested::Late),
+            Ok(Ingested::Duplicate),
+            Err(IngestError::TooManyDevices { device: d.clone() }),
+            Err(IngestError::BufferFull {
+                device: d.clone(),
+                max: 300,
+            }),
+        ];
+        let (req, back) = decode_outcomes(&encode_outcomes(77, &all)).unwrap();
+        assert_eq!(req, 77);
+        let back: Vec<_> = back.into_iter().map(|o| o.into_result(&d)).collect();
+        assert_eq!(back, all);
+        assert!(decode_outcomes(&[1, 1, 9]).is_err());
+        assert!(decode_outcomes(&[1, 2, 0]).is_err(), "truncated");
+    }
+
+    #[test]
+    fn a_part_is_named_by_its_fixes_not_their_stamps() {
+        let fix = |ts| Fix::new("truck", Ts(ts), 1.0, 2.0, None, 128).unwrap();
+        let part = |w| {
+            vec![StampedFix {
+                index: 0,
+                fix: fix(5),
+                w: Ts(w),
+            }]
+        };
+        assert_eq!(part_id(3, &part(1)), part_id(3, &part(2)));
+        assert_ne!(part_id(3, &part(1)), part_id(4, &part(1)));
+        let other = vec![StampedFix {
+            index: 0,
+            fix: fix(6),
+            w: Ts(1),
+        }];
+        assert_ne!(part_id(3, &part(1)), part_id(3, &other));
+    }
+}

@@ -1,0 +1,602 @@
+//! A cluster node: membership, partition ownership, and the handle the service's ingest and
+//! device queries route through ([`ClusterPartitions`], the cluster's [`Partitions`]).
+//!
+//! One membership task runs rounds, every `min(lease_ttl / 3, 1 s)` and whenever a lease is
+//! released anywhere:
+//! 1. write this node's heartbeat (its entry in the nodes bucket, with its partitions' status);
+//! 2. renew every lease it holds; a lease found taken makes its partition stand down;
+//! 3. read the live nodes and the lease holders, and rank the nodes for every partition
+//!    (rendezvous hashing, [`super::assign`]);
+//! 4. take each free partition this node ranks first at once, and one it ranks `r`-th once the
+//!    partition has been free for `r` lease lifetimes (so a free partition never stays free
+//!    because its first choice is stuck);
+//! 5. hand over (final checkpoint, then release) each partition it holds that a live node
+//!    ranks above it and that node has been live for a lease lifetime (a joining node gets its
+//!    share; nothing moves back and forth while membership settles);
+//! 6. as owner of partition 0, compact the fence stream when every partition's checkpoint
+//!    allows it.
+//!
+//! A graceful stop removes the node's heartbeat first (the others stop ranking it), then stops
+//! its partitions with a final checkpoint each and releases their leases: the others take them
+//! over at once, replaying nothing.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use metrics::gauge;
+use tokio::sync::{Notify, mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::assign::{partition_key, rank};
+use super::checkpoint;
+use super::fences::FenceLog;
+use super::ingest::ClusterIngest;
+use super::lease::{Lease, Leases, Renewed, kv_entries};
+use super::nats::{Nats, NatsError, query_subject};
+use super::partition::{self, Control, Ended, Shared};
+use super::query;
+use super::status::{Board, Heartbeat};
+use crate::events::publisher::StepReply;
+use crate::shard::{BoxFuture, DevicePage, Partitions, QueryError, SendError, StampedFix};
+use crate::telemetry as t;
+use geodwell_core::engine::DeviceView;
+
+/// How long a device query waits for a partition's owner.
+pub const QUERY_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// A partition task this node runs.
+#[derive(Debug)]
+struct Running {
+    lease: Arc<Lease>,
+    control: mpsc::Sender<Control>,
+    task: JoinHandle<Ended>,
+    stopping: bool,
+}
+
+/// This node's partitions and their leases.
+#[derive(Debug)]
+pub struct Runtime {
+    shared: Arc<Shared>,
+    leases: Leases,
+    parts: Mutex<BTreeMap<u16, Running>>,
+    kick: Notify,
+    /// The node is leaving: rounds renew what it holds and take nothing.
+    leaving: std::sync::atomic::AtomicBool,
+    /// Leases of partitions stopping for good (renewed until they are released).
+    holding: Mutex<Vec<Arc<Lease>>>,
+}
+
+impl Runtime {
+    /// The runtime of a node sharing `shared`, taking leases through `leases`.
+    pub fn new(shared: Arc<Shared>, leases: Leases) -> Arc<Runtime> {
+        Arc::new(Runtime {
+            shared,
+            leases,
+            parts: Mutex::new(BTreeMap::new()),
+            kick: Notify::new(),
+            leaving: std::sync::atomic::AtomicBool::new(false),
+            holding: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Marks the node as leaving (see [`Runtime::stop_all`]).
+    pub fn leave(&self) {
+        self.leaving
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.kick.notify_one();
+    }
+
+    fn is_leaving(&self) -> bool {
+        self.leaving.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u16, Running>> {
+        self.parts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The status board.
+    pub fn board(&self) -> &Arc<Board> {
+        &self.shared.board
+    }
+
+    /// The control channel of partition `p` when this node runs it.
+    fn control(&self, p: u16) -> Option<mpsc::Sender<Control>> {
+        self.lock()
+            .get(&p)
+            .filter(|r| !r.stopping && r.lease.valid())
+            .map(|r| r.control.clone())
+    }
+
+    /// Partitions this node runs.
+    pub fn owned(&self) -> Vec<u16> {
+        self.lock().keys().copied().collect()
+    }
+
+    fn spawn(&self, p: u16, lease: Lease) {
+        let lease = Arc::new(lease);
+        let (tx, rx) = mpsc::channel(64);
+        let task = tokio::spawn(partition::run(p, lease.clone(), self.shared.clone(), rx));
+        self.lock().insert(
+            p,
+            Running {
+                lease,
+                control: tx,
+                task,
+                stopping: false,
+            },
+        );
+    }
+
+    /// Asks partition `p` to stop (a handover): it checkpoints, then the round releases it.
+    fn hand_over(&self, p: u16) {
+        if let Some(r) = self.lock().get_mut(&p)
+            && !r.stopping
+        {
+            r.stopping = true;
+            let _ = r.control.try_send(Control::Stop);
+        }
+    }
+
+    /// Collects ended partition tasks; releases the lease of those that stopped or failed.
+    async fn reap(&self) {
+        let done: Vec<(u16, Running)> = {
+            let mut g = self.lock();
+            let ps: Vec<u16> = g
+                .iter()
+                .filter(|(_, r)| r.task.is_finished())
+                .map(|(p, _)| *p)
+                .collect();
+            ps.into_iter()
+                .filter_map(|p| g.remove(&p).map(|r| (p, r)))
+                .collect()
+        };
+        for (p, r) in done {
+            match r.task.await {
+                Ok(Ended::LeaseLost) => {
+                    tracing::warn!(partition = p, "partition lease lost; stood down");
+                    metrics::counter!(t::CLUSTER_LEASES_LOST).increment(1);
+                }
+                Ok(Ended::Stopped { checkpointed }) => {
+                    tracing::info!(partition = p, checkpointed, "partition handed over");
+                    self.leases.release(&r.lease).await;
+                }
+                Ok(Ended::Failed(e)) => {
+                    tracing::error!(partition = p, error = %e, "partition failed; releasing it");
+                    metrics::counter!(t::CLUSTER_PARTITION_FAILURES).increment(1);
+                    self.leases.release(&r.lease).await;
+                }
+                Err(e) => {
+                    tracing::error!(partition = p, error = %e, "partition task panicked; releasing it");
+                    self.leases.release(&r.lease).await;
+                }
+            }
+        }
+    }
+
+    /// Stops every partition (final checkpoints) and releases its lease, within `deadline`.
+    pub async fn stop_all(&self, deadline: tokio::time::Instant) {
+        // The tasks stay listed (their leases renewed by the rounds) until they end.
+        let all: Vec<(u16, Arc<Lease>, mpsc::Sender<Control>)> = self
+            .lock()
+            .iter_mut()
+            .map(|(p, r)| {
+                r.stopping = true;
+                (*p, r.lease.clone(), r.control.clone())
+            })
+            .collect();
+        for (_, _, c) in &all {
+            let _ = c.try_send(Control::Stop);
+        }
+        let all: Vec<(u16, Running)> = {
+            let mut g = self.lock();
+            all.iter()
+                .filter_map(|(p, _, _)| g.remove(p).map(|r| (*p, r)))
+                .collect()
+        };
+        // Renewals go on for what is stopping: the rounds renew the leases of `holding`.
+        *self.holding.lock().unwrap_or_else(|p| p.into_inner()) =
+            all.iter().map(|(_, r)| r.lease.clone()).collect();
+        let mut waits = Vec::new();
+        for (p, r) in all {
+            let leases = self.leases.clone();
+            waits.push(tokio::spawn(async move {
+                let mut task = r.task;
+                match tokio::time::timeout_at(deadline, &mut task).await {
+                    Ok(ended) => {
+                        leases.release(&r.lease).await;
+                        tracing::info!(partition = p, ended = ?ended.ok(), "partition released");
+                    }
+                    Err(_) => {
+                        task.abort();
+                        tracing::warn!(
+                            partition = p,
+                            "partition did not stop in time; its lease expires on its own"
+                        );
+                    }
+                }
+            }));
+        }
+        for w in waits {
+            let _ = w.await;
+        }
+    }
+}
+
+/// The cluster behind a node's [`crate::shard::Shards`] handle.
+#[derive(Debug)]
+pub struct ClusterPartitions {
+    nats: Nats,
+    ingest: ClusterIngest,
+    runtime: Arc<Runtime>,
+}
+
+impl ClusterPartitions {
+    /// Routes ingest through `ingest` and queries to the owners (this node's own directly).
+    pub fn new(nats: Nats, ingest: ClusterIngest, runtime: Arc<Runtime>) -> ClusterPartitions {
+        ClusterPartitions {
+            nats,
+            ingest,
+            runtime,
+        }
+    }
+
+    async fn ask(&self, p: u16, req: query::Request) -> Result<Vec<u8>, QueryError> {
+        let unavailable = |e: &dyn std::fmt::Display| {
+            QueryError::Unavailable(format!(
+                "partition {p} has no reachable owner right now ({e}); retry shortly"
+            ))
+        };
+        let ask = self
+            .nats
+            .client
+            .request(query_subject(p), req.encode().into());
+        match tokio::time::timeout(QUERY_TIMEOUT, ask).await {
+            Ok(Ok(m)) => Ok(m.payload.to_vec()),
+            Ok(Err(e)) => Err(unavailable(&e)),
+            Err(_) => Err(unavailable(&"no answer")),
+        }
+    }
+}
+
+impl Partitions for ClusterPartitions {
+    fn len(&self) -> usize {
+        self.ingest.partitions()
+    }
+
+    fn running(&self) -> bool {
+        self.ingest.running()
+            && self.nats.client.connection_state() == async_nats::connection::State::Connected
+    }
+
+    fn send_parts(
+        &self,
+        parts: Vec<Vec<StampedFix>>,
+        stamp: &mut dyn FnMut(&mut [Vec<StampedFix>]),
+    ) -> Result<Vec<oneshot::Receiver<StepReply>>, SendError> {
+        self.ingest
+            .send_batch_with(parts, |p| stamp(p))
+            .map(|(r, ())| r)
+    }
+
+    fn device(&self, id: String) -> BoxFuture<'_, Result<Option<DeviceView>, QueryError>> {
+        Box::pin(async move {
+            let p = crate::shard::shard_of(&id, self.len()) as u16;
+            if let Some(c) = self.runtime.control(p) {
+                let (tx, rx) = oneshot::channel();
+                if c.send(Control::Device {
+                    id: id.clone(),
+                    reply: tx,
+                })
+                .await
+                .is_ok()
+                    && let Ok(v) = rx.await
+                {
+                    return Ok(v);
+                }
+            }
+            let body = self.ask(p, query::Request::Device { id }).await?;
+            query::decode_device(&body).map_err(QueryError::Unavailable)
+        })
+    }
+
+    fn device_page(
+        &self,
+        p: usize,
+        from: u32,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<DevicePage, QueryError>> {
+        Box::pin(async move {
+            let p = p as u16;
+            let limit = limit.min(query::MAX_PAGE);
+            if let Some(c) = self.runtime.control(p) {
+                let (tx, rx) = oneshot::channel();
+                if c.send(Control::Page {
+                    from,
+                    limit,
+                    reply: tx,
+                })
+                .await
+                .is_ok()
+                    && let Ok(v) = rx.await
+                {
+                    return Ok(v);
+                }
+            }
+            let body = self.ask(p, query::Request::Page { from, limit }).await?;
+            query::decode_page(&body).map_err(QueryError::Unavailable)
+        })
+    }
+}
+
+/// What the membership loop needs.
+#[derive(Debug, Clone)]
+pub struct Membership {
+    /// NATS.
+    pub nats: Nats,
+    /// This node.
+    pub node: String,
+    /// Where it serves HTTP (for the heartbeat).
+    pub http: String,
+    /// When it started (Unix ms).
+    pub started_ms: i64,
+    /// The partitions.
+    pub runtime: Arc<Runtime>,
+    /// The fence log (compaction, as owner of partition 0).
+    pub fences: Arc<FenceLog>,
+    /// The webhook sinks this node delivers (for the heartbeat).
+    pub sinks: SinkNames,
+}
+
+/// Lists the webhook sinks a node delivers.
+#[derive(Clone)]
+pub struct SinkNames(pub Arc<dyn Fn() -> Vec<String> + Send + Sync>);
+
+impl std::fmt::Debug for SinkNames {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SinkNames")
+    }
+}
+
+/// The nodes live now (their heartbeats), by id.
+pub async fn live_nodes(nats: &Nats) -> Result<BTreeMap<String, Heartbeat>, NatsError> {
+    let mut out = BTreeMap::new();
+    for (key, value, _) in kv_entries(&nats.nodes).await? {
+        if let Ok(h) = serde_json::from_slice::<Heartbeat>(&value) {
+            out.insert(key, h);
+        }
+    }
+    Ok(out)
+}
+
+/// The lease key of partition `p`.
+pub fn partition_lease(p: u16) -> String {
+    format!("p.{p}")
+}
+
+/// Runs membership rounds until `stop`; `ready` turns true after the first full round.
+pub async fn run_membership(m: Membership, ready: watch::Sender<bool>, stop: CancellationToken) {
+    let ttl = m.nats.lease_ttl;
+    let every = (ttl / 3).min(Duration::from_secs(1));
+    let mut free_since: HashMap<u16, Instant> = HashMap::new();
+    let mut first_seen: HashMap<String, Instant> = HashMap::new();
+    let mut round: u64 = 0;
+    // A lease released anywhere starts a round at once (expiry is seen by the rounds).
+    let kick_watch = {
+        let leases = m.nats.leases.clone();
+        let runtime = m.runtime.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let Ok(mut w) = leases.watch_all().await else {
+                return;
+            };
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    e = w.next() => match e {
+                        Some(Ok(e)) if e.operation != async_nats::jetstream::kv::Operation::Put => {
+                            runtime.kick.notify_one();
+                        }
+                        Some(Ok(_)) => {}
+                        _ => return,
+                    }
+                }
+            }
+        })
+    };
+    loop {
+        round += 1;
+        if let Err(e) = membership_round(&m, &mut free_since, &mut first_seen, round).await {
+            tracing::warn!(error = %e, "cluster membership round failed");
+        } else {
+            ready.send_if_modified(|r| !std::mem::replace(r, true));
+        }
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tokio::time::sleep(every) => {}
+            _ = m.runtime.kick.notified() => {}
+        }
+    }
+    kick_watch.abort();
+}
+
+async fn membership_round(
+    m: &Membership,
+    free_since: &mut HashMap<u16, Instant>,
+    first_seen: &mut HashMap<String, Instant>,
+    round: u64,
+) -> Result<(), NatsError> {
+    let rt = &m.runtime;
+    let ttl = m.nats.lease_ttl;
+    if rt.is_leaving() {
+        // Only keep what is held alive while it stops.
+        let mut held: Vec<Arc<Lease>> = rt.lock().values().map(|r| r.lease.clone()).collect();
+        held.extend(
+            rt.holding
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .filter(|l| !l.is_lost())
+                .cloned(),
+        );
+        futures_util::future::join_all(held.iter().map(|l| rt.leases.renew(l))).await;
+        return Ok(());
+    }
+    // 1. Heartbeat.
+    let hb = Heartbeat {
+        node: m.node.clone(),
+        http: m.http.clone(),
+        started_ms: m.started_ms,
+        partitions: rt.board().all(),
+        sinks: (m.sinks.0)(),
+    };
+    m.nats
+        .nodes
+        .put(&m.node, serde_json::to_vec(&hb).unwrap_or_default().into())
+        .await
+        .map_err(|e| NatsError::request("heartbeat", e))?;
+    // 2. Renew.
+    let held: Vec<(u16, Arc<Lease>)> = rt
+        .lock()
+        .iter()
+        .map(|(p, r)| (*p, r.lease.clone()))
+        .collect();
+    let renewals = held.iter().map(|(_, l)| rt.leases.renew(l));
+    let results = futures_util::future::join_all(renewals).await;
+    for ((p, _), r) in held.iter().zip(results) {
+        if r == Renewed::Lost {
+            tracing::warn!(partition = p, "lease taken by another node");
+        }
+    }
+    rt.reap().await;
+    // 3. Who is live, who holds what.
+    let live = live_nodes(&m.nats).await?;
+    let mut nodes: Vec<String> = live.keys().cloned().collect();
+    if !nodes.contains(&m.node) {
+        nodes.push(m.node.clone());
+    }
+    let now = Instant::now();
+    first_seen.retain(|n, _| nodes.contains(n));
+    for n in &nodes {
+        first_seen.entry(n.clone()).or_insert(now);
+    }
+    let holders = rt.leases.holders().await?;
+    tracing::debug!(round, holders = ?holders, nodes = ?nodes, "membership round");
+    let mine = rt.owned();
+    for p in 0..m.nats.partitions {
+        let order = rank(&partition_key(p), &nodes);
+        let key = partition_lease(p);
+        match holders.get(&key) {
+            None => {
+                let since = *free_since.entry(p).or_insert(now);
+                let Some(r) = order.iter().position(|n| *n == m.node) else {
+                    continue;
+                };
+                if mine.contains(&p) {
+                    continue;
+                }
+                if r == 0 || since.elapsed() >= ttl * r as u32 {
+                    match rt.leases.take(&key).await {
+                        Ok(Some(lease)) => {
+                            free_since.remove(&p);
+                            rt.spawn(p, lease);
+                        }
+                        Ok(None) => {
+                            tracing::debug!(partition = p, "partition lease held elsewhere")
+                        }
+                        Err(e) => tracing::debug!(partition = p, error = %e, "taking a partition"),
+                    }
+                }
+            }
+            Some(h) => {
+                free_since.remove(&p);
+                if h.node == m.node && mine.contains(&p) {
+                    // 5. Hand over to a node that ranks higher and has been live a while.
+                    if let Some(first) = order.first()
+                        && *first != m.node
+                        && first_seen.get(*first).is_some_and(|t| t.elapsed() >= ttl)
+                    {
+                        rt.hand_over(p);
+                    }
+                }
+            }
+        }
+    }
+    gauge!(t::CLUSTER_PARTITIONS_OWNED).set(rt.owned().len() as f64);
+    gauge!(t::CLUSTER_NODES).set(nodes.len() as f64);
+    // 6. Fence compaction by the owner of partition 0, now and then.
+    if round.is_multiple_of(30) && rt.control(0).is_some() {
+        let mut min = u64::MAX;
+        for p in 0..m.nats.partitions {
+            let pos = checkpoint::read_pointer(&m.nats, p)
+                .await?
+                .map_or(0, |(c, _)| c.fence_pos);
+            min = min.min(pos);
+        }
+        if min > 0
+            && let Err(e) = m.fences.compact(min).await
+        {
+            tracing::warn!(error = %e, "fence stream compaction failed");
+        }
+    }
+    Ok(())
+}
+
+/// event mode: shares this node's acknowledged fix times with the cluster (`wm.<node>` in the
+/// META bucket) and follows every node's, so every node's watermark is the cluster's.
+pub async fn run_watermark(
+    nats: Nats,
+    node: String,
+    ingest: ClusterIngest,
+    watermark: Arc<crate::clock::Watermark>,
+    stop: CancellationToken,
+) {
+    let key = format!("wm.{node}");
+    let follow = {
+        let nats = nats.clone();
+        let watermark = watermark.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            loop {
+                match nats.meta.watch_with_history("wm.*").await {
+                    Ok(mut w) => loop {
+                        tokio::select! {
+                            _ = stop.cancelled() => return,
+                            e = w.next() => match e {
+                                Some(Ok(e)) => {
+                                    if let Some(v) = std::str::from_utf8(&e.value).ok().and_then(|s| s.parse::<i64>().ok()) {
+                                        watermark.observe_cluster(v);
+                                    }
+                                }
+                                _ => break,
+                            }
+                        }
+                    },
+                    Err(e) => tracing::warn!(error = %e, "watching the cluster watermark"),
+                }
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                }
+            }
+        })
+    };
+    let mut shared = i64::MIN;
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        let acked = ingest.acked_max();
+        if acked > shared {
+            match nats.meta.put(&key, acked.to_string().into()).await {
+                Ok(_) => shared = acked,
+                Err(e) => tracing::debug!(error = %e, "sharing the watermark"),
+            }
+        }
+    }
+    follow.abort();
+}

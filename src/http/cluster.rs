@@ -1,0 +1,34 @@
+//! `GET /v1/cluster`: the cluster as the node asked sees it: nodes, and every partition with its
+//! owner, epoch, input position, lag and last checkpoint. 404 `not_a_cluster` on a node running
+//! on its embedded store.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+
+use crate::cluster::status::ClusterOut;
+use crate::http::auth::Refused;
+use crate::http::error::{ApiError, ErrorBody};
+use crate::state::AppState;
+
+/// `GET /v1/cluster`.
+#[utoipa::path(get, path = "/v1/cluster", tag = "ops",
+    description = "Nodes, and every partition with its owner, epoch, input position, lag and last checkpoint (cluster mode; docs/cluster.md). Scope: read.",
+    responses(
+        (status = 200, description = "The cluster", body = ClusterOut), Refused,
+        (status = 404, description = "Not a cluster node", body = ErrorBody),
+        (status = 503, description = "NATS unreachable or shutting down (Retry-After)", body = ErrorBody),
+    ))]
+pub async fn get_cluster(State(st): State<Arc<AppState>>) -> Result<Json<ClusterOut>, ApiError> {
+    let Some(node) = st.cluster() else {
+        return Err(ApiError::not_found(
+            "not_a_cluster",
+            "this node runs on its embedded store, not in a cluster ([cluster] nats_urls)",
+        ));
+    };
+    node.status()
+        .await
+        .map(Json)
+        .map_err(|e| ApiError::unavailable("cluster_unavailable", e.to_string()))
+}

@@ -1,0 +1,622 @@
+//! Issue 15 acceptance: geodwell as a 3-node cluster on a 3-node NATS JetStream cluster, every
+//! process real (the machine's `nats-server`, the geodwell binary), on loopback ports of their
+//! own.
+//!
+//! The same multi-day fleet trace as the replay test, shuffled within the lateness, is sent
+//! batch after batch round-robin to the live nodes (a batch whose answer is not 2xx is sent
+//! again, to the next node: at least once, as a client would). In each scenario a failure is
+//! injected mid-trace, and the events read from a node that did not crash must equal the
+//! single-node reference (ids and contents), none twice, `seq` gap-free, and every device's last
+//! applied fix the last one it sent:
+//! 1. kill -9 of a partition owner in the middle of a batch, restarted later;
+//! 2. SIGSTOP of an owner for longer than its lease, then SIGCONT (the zombie stands down);
+//! 3. kill -9 of one NATS server (replicas 3), restarted;
+//! 4. a rolling restart of all three geodwell nodes;
+//! 5. a fence added and one deleted mid-trace through different nodes (the reference is then a
+//!    single-node service fed the same operations in the same order).
+//!
+//! The scenarios run one at a time (a lock), each on fresh servers.
+
+mod harness;
+mod units;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use geodwell_core::fences::{Fence, FenceLimits};
+use geodwell_core::fix::Fix;
+use geodwell_core::time::{Dur, Ts};
+use geodwell_sim::rng::Rng;
+use serde_json::{Value, json};
+
+use crate::common::temp_dir;
+use crate::replay::{fences, to_fix, trace};
+use harness::{NatsCluster, Node};
+
+/// One cluster scenario at a time: each runs 3 NATS servers and 3 geodwell nodes.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+const LATENESS: &str = "90s";
+const LEASE_TTL: &str = "3s";
+
+/// The trace in arrival order (shuffled within the lateness) as batches, and its events per the
+/// naive reference.
+struct Workload {
+    batches: Vec<Vec<Value>>,
+    reference: BTreeSet<String>,
+    /// Per device, the newest fix time at or before the final watermark.
+    last_fix: BTreeMap<String, i64>,
+}
+
+fn key(v: &Value) -> String {
+    format!(
+        "{} {} {} {} {}",
+        v["id"], v["type"], v["device"], v["fence"], v["at"]
+    )
+}
+
+fn workload() -> &'static Workload {
+    static W: OnceLock<Workload> = OnceLock::new();
+    W.get_or_init(|| {
+        let lateness = Dur::from_secs(90);
+        let mut fixes = trace(0x5EED_F1EE7, 24, 4);
+        fixes.sort_by_key(|v| v["ts"].as_i64().unwrap());
+        let limits = FenceLimits::default();
+        let fence_objs: Vec<Arc<Fence>> = fences()
+            .iter()
+            .map(|(_, _, _, f)| {
+                let feat: geojson::Feature = serde_json::from_value(f.clone()).unwrap();
+                Arc::new(Fence::from_feature(&feat, None, &limits).unwrap())
+            })
+            .collect();
+        let core: Vec<Fix> = fixes.iter().map(to_fix).collect();
+        let w_final = core.iter().map(|f| f.ts).max().unwrap().minus(lateness);
+        let reference: BTreeSet<String> =
+            geodwell_core::reference::expected_events(&fence_objs, &core, w_final)
+                .iter()
+                .map(|e| key(&serde_json::to_value(e).unwrap()))
+                .collect();
+        let mut last_fix = BTreeMap::new();
+        for f in core.iter().filter(|f| f.ts <= w_final) {
+            let e = last_fix.entry(f.device.to_string()).or_insert(i64::MIN);
+            *e = (*e).max(f.ts.0);
+        }
+        let mut rng = Rng::new(42);
+        let mut arrival: Vec<(i64, usize)> = fixes
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                (
+                    v["ts"].as_i64().unwrap() + rng.below(lateness.millis() as u64) as i64,
+                    i,
+                )
+            })
+            .collect();
+        arrival.sort();
+        let mut batches = Vec::new();
+        let mut i = 0;
+        while i < arrival.len() {
+            let n = 100 + rng.below(400) as usize;
+            batches.push(
+                arrival[i..(i + n).min(arrival.len())]
+                    .iter()
+                    .map(|&(_, k)| fixes[k].clone())
+                    .collect(),
+            );
+            i += n;
+        }
+        Workload {
+            batches,
+            reference,
+            last_fix,
+        }
+    })
+}
+
+/// Three NATS servers, three geodwell nodes, the fences loaded.
+struct Cluster {
+    nats: NatsCluster,
+    nodes: Vec<Node>,
+    http: reqwest::Client,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    async fn start() -> Cluster {
+        let nats = NatsCluster::start(3).await;
+        let dir = temp_dir();
+        let nodes: Vec<Node> = (0..3)
+            .map(|i| {
+                Node::start(
+                    &format!("g{i}"),
+                    &nats.urls(),
+                    dir.path(),
+                    &node_args(),
+                    &[],
+                )
+            })
+            .collect();
+        let c = Cluster {
+            nats,
+            nodes,
+            http: reqwest::Client::new(),
+            _dir: dir,
+        };
+        c.wait_settled(Duration::from_secs(90)).await;
+        for (id, _, _, f) in fences() {
+            let r = c
+                .http
+                .put(format!("{}/v1/fences/{id}", c.nodes[0].url))
+                .json(&f)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 201, "{}", r.text().await.unwrap());
+        }
+        c
+    }
+
+    /// Waits until every running node is ready and every partition has a live owner.
+    async fn wait_settled(&self, within: Duration) {
+        let t0 = Instant::now();
+        loop {
+            let mut ok = true;
+            for n in self.nodes.iter().filter(|n| n.is_up()) {
+                let ready = self
+                    .http
+                    .get(format!("{}/readyz", n.url))
+                    .timeout(Duration::from_secs(5))
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success());
+                ok &= ready;
+            }
+            if ok && let Some(c) = self.cluster_view().await {
+                let live = c["partition_owners"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .all(|p| p["status"]["phase"] == "live");
+                if live && c["unowned"] == 0 {
+                    return;
+                }
+            }
+            assert!(
+                t0.elapsed() < within,
+                "the cluster did not settle within {within:?}\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn cluster_view(&self) -> Option<Value> {
+        for n in self.nodes.iter().filter(|n| n.is_up()) {
+            if let Ok(r) = self
+                .http
+                .get(format!("{}/v1/cluster", n.url))
+                .timeout(Duration::from_secs(5))
+                .send()
+                .await
+                && r.status().is_success()
+            {
+                return r.json().await.ok();
+            }
+        }
+        None
+    }
+
+    /// The node that owns partition `p` now.
+    async fn owner_of(&self, p: u64) -> Option<usize> {
+        let c = self.cluster_view().await?;
+        let owner = c["partition_owners"][p as usize]["owner"]
+            .as_str()?
+            .to_string();
+        self.nodes.iter().position(|n| n.id == owner)
+    }
+
+    /// Sends `batch` to node `first` (then the next live ones) until one answers 2xx.
+    async fn send(&self, first: usize, batch: &[Value]) -> Value {
+        let t0 = Instant::now();
+        let mut k = first;
+        loop {
+            let n = &self.nodes[k % self.nodes.len()];
+            k += 1;
+            if !n.is_up() {
+                continue;
+            }
+            let r = self
+                .http
+                .post(format!("{}/v1/fixes", n.url))
+                .json(&batch)
+                .timeout(Duration::from_secs(15))
+                .send()
+                .await;
+            if let Ok(r) = r
+                && r.status().is_success()
+            {
+                return r.json().await.unwrap();
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(120),
+                "no node took a batch for 120s\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Sends batches `range` round-robin over the live nodes.
+    async fn send_range(&self, range: std::ops::Range<usize>) {
+        let w = workload();
+        for i in range {
+            let rep = self.send(i, &w.batches[i]).await;
+            assert_eq!(rep["rejected"], 0, "{rep}");
+        }
+    }
+
+    /// Every event of node `k`, once their count stays at `expect` (or stops growing).
+    async fn events(&self, k: usize, expect: usize) -> Vec<Value> {
+        let url = &self.nodes[k].url;
+        let t0 = Instant::now();
+        let mut last = (0, Instant::now());
+        loop {
+            let mut all = Vec::new();
+            let mut from = 1u64;
+            loop {
+                let r: Value = self
+                    .http
+                    .get(format!("{url}/v1/events?from_seq={from}&limit=10000"))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                let evs = r["events"].as_array().cloned().unwrap_or_default();
+                if evs.is_empty() {
+                    break;
+                }
+                from = evs.last().unwrap()["seq"].as_u64().unwrap() + 1;
+                all.extend(evs);
+            }
+            if all.len() != last.0 {
+                last = (all.len(), Instant::now());
+            }
+            let stable = last.1.elapsed() > Duration::from_secs(3);
+            if (all.len() >= expect && stable) || t0.elapsed() > Duration::from_secs(120) {
+                return all;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    fn logs(&self) -> String {
+        let mut out = String::new();
+        for n in &self.nodes {
+            let log = n.log();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            out.push_str(&format!(
+                "--- {} ---\n{}\n",
+                n.id,
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            ));
+        }
+        out.push_str(&self.nats.logs());
+        out
+    }
+
+    /// Checks node `k`'s events against `reference` and every device's last fix.
+    async fn check(&self, k: usize, reference: &BTreeSet<String>, scenario: &str) {
+        let evs = self.events(k, reference.len()).await;
+        let seqs: Vec<u64> = evs.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+        assert_eq!(
+            seqs,
+            (1..=evs.len() as u64).collect::<Vec<_>>(),
+            "{scenario}: seq is gap-free from 1"
+        );
+        let mut ids = BTreeSet::new();
+        for e in &evs {
+            assert!(
+                ids.insert(e["id"].as_str().unwrap().to_string()),
+                "{scenario}: event {} published twice",
+                e["id"]
+            );
+        }
+        if std::env::var_os("KEEP_TEST_DIRS").is_some() {
+            let dir = self._dir.path();
+            let _ = std::fs::write(dir.join("events.json"), serde_json::to_vec(&evs).unwrap());
+            let r: Vec<&String> = reference.iter().collect();
+            let _ = std::fs::write(dir.join("reference.json"), serde_json::to_vec(&r).unwrap());
+        }
+        let got: BTreeSet<String> = evs.iter().map(key).collect();
+        let missing: Vec<&String> = reference.difference(&got).take(5).collect();
+        let extra: Vec<&String> = got.difference(reference).take(5).collect();
+        assert!(
+            missing.is_empty() && extra.is_empty(),
+            "{scenario}: {} events, reference {}; missing {missing:?}; extra {extra:?}\n{}",
+            got.len(),
+            reference.len(),
+            self.logs()
+        );
+        for (dev, ts) in &workload().last_fix {
+            let url = format!("{}/v1/devices/{dev}", self.nodes[k].url);
+            let t0 = Instant::now();
+            let r: Value = loop {
+                let r = self.http.get(&url).send().await.unwrap();
+                let ok = r.status().is_success();
+                let v: Value = r.json().await.unwrap();
+                // A partition being handed over answers 503 for a moment.
+                if ok || t0.elapsed() > Duration::from_secs(30) {
+                    break v;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            };
+            assert_eq!(
+                r["last_fix_at"],
+                json!(Ts(*ts).to_string()),
+                "{scenario}: {dev}'s last applied fix: {r}"
+            );
+        }
+    }
+}
+
+fn node_args() -> Vec<&'static str> {
+    vec!["--clock", "event", "--lateness", LATENESS]
+}
+
+async fn scenario_env() -> tokio::sync::MutexGuard<'static, ()> {
+    // The nodes read these; the tests set them once for every child.
+    // SAFETY: set before any node starts, under the scenario lock; the variables are only read
+    // by child processes.
+    unsafe {
+        std::env::set_var("GEODWELL_LEASE_TTL", LEASE_TTL);
+        std::env::set_var("GEODWELL_CLUSTER_CHECKPOINT_INTERVAL", "2s");
+        std::env::set_var("GEODWELL_PARTITIONS", "16");
+        std::env::set_var("GEODWELL_ALLOW_PRIVATE_TARGETS", "true");
+    }
+    ONE_AT_A_TIME.lock().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_an_owner_mid_batch_loses_and_doubles_nothing() {
+    let _one = scenario_env().await;
+    let w = workload();
+    let mut c = Cluster::start().await;
+    let n = w.batches.len();
+    c.send_range(0..n / 3).await;
+    // Kill the owner of the next batch's first device while that batch is on its way to it.
+    let dev = w.batches[n / 3][0]["device"].as_str().unwrap();
+    let p = geodwell::shard::shard_of(dev, 16) as u64;
+    let victim = c.owner_of(p).await.expect("partition owned");
+    let url = c.nodes[victim].url.clone();
+    let batch = w.batches[n / 3].clone();
+    let http = c.http.clone();
+    let inflight = tokio::spawn(async move {
+        http.post(format!("{url}/v1/fixes"))
+            .json(&batch)
+            .send()
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(3)).await;
+    c.nodes[victim].kill();
+    let _ = inflight.await;
+    // Sent again, to a live node: it changes nothing if the first copy made it.
+    let next = (victim + 1) % 3;
+    c.send(next, &w.batches[n / 3]).await;
+    c.send_range(n / 3 + 1..2 * n / 3).await;
+    c.nodes[victim].restart();
+    c.send_range(2 * n / 3..n).await;
+    c.check(next, &w.reference, "kill -9 of an owner").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_owner_past_its_lease_stands_down_as_a_zombie() {
+    let _one = scenario_env().await;
+    let w = workload();
+    let mut c = Cluster::start().await;
+    let n = w.batches.len();
+    c.send_range(0..n / 3).await;
+    let victim = c.owner_of(0).await.expect("partition 0 owned");
+    c.nodes[victim].signal(libc::SIGSTOP);
+    // Others send while it sleeps; its partitions move after the lease runs out.
+    let others: Vec<usize> = (0..3).filter(|&i| i != victim).collect();
+    let t0 = Instant::now();
+    for i in n / 3..n / 2 {
+        c.send(others[i % 2], &w.batches[i]).await;
+    }
+    let slept = Duration::from_secs(7).saturating_sub(t0.elapsed());
+    tokio::time::sleep(slept).await;
+    c.nodes[victim].signal(libc::SIGCONT);
+    c.send_range(n / 2..n).await;
+    c.check(others[0], &w.reference, "SIGSTOP past the lease")
+        .await;
+    let log = c.nodes[victim].log();
+    assert!(
+        log.contains("lease lost") || log.contains("lease taken"),
+        "the zombie stood down:\n{log}"
+    );
+    let _ = &mut c;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_a_nats_server_loses_nothing() {
+    let _one = scenario_env().await;
+    let w = workload();
+    let mut c = Cluster::start().await;
+    let n = w.batches.len();
+    c.send_range(0..n / 3).await;
+    c.nats.kill(1);
+    c.send_range(n / 3..2 * n / 3).await;
+    c.nats.restart(1).await;
+    c.send_range(2 * n / 3..n).await;
+    c.check(0, &w.reference, "kill -9 of a NATS server").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_of_every_node_loses_nothing() {
+    let _one = scenario_env().await;
+    let w = workload();
+    let mut c = Cluster::start().await;
+    let n = w.batches.len();
+    let step = n / 4;
+    c.send_range(0..step).await;
+    for k in 0..3 {
+        c.nodes[k].stop().await;
+        c.send_range(step * (k + 1)..step * (k + 1) + step / 2)
+            .await;
+        c.nodes[k].restart();
+        c.wait_settled(Duration::from_secs(90)).await;
+        c.send_range(step * (k + 1) + step / 2..step * (k + 2))
+            .await;
+    }
+    c.send_range(4 * step..n).await;
+    c.check(1, &w.reference, "rolling restart").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_changed_mid_trace_through_different_nodes_apply_everywhere_alike() {
+    let _one = scenario_env().await;
+    let w = workload();
+    let added = json!({"type": "Feature", "id": "late-depot",
+        "geometry": {"type": "Polygon", "coordinates": [[[10.0, 53.58], [10.08, 53.58], [10.08, 53.62], [10.0, 53.62], [10.0, 53.58]]]},
+        "properties": {"dwell": ["10m"]}});
+    let deleted = "cust-e";
+    // The single-node reference: the same operations in the same order, each fence change
+    // made once everything sent before it is applied.
+    let single = crate::common::start(&format!(
+        "[time]\nclock = \"event\"\nlateness = \"{LATENESS}\"\n"
+    ))
+    .await;
+    for (id, _, _, f) in fences() {
+        assert_eq!(single.put_fence(&id, f).await.status(), 201);
+    }
+    let n = w.batches.len();
+    let (a, b) = (n / 3, 2 * n / 3);
+    let send_all = |range: std::ops::Range<usize>| {
+        let single = &single;
+        async move {
+            for i in range {
+                let r = single
+                    .http
+                    .post(single.url("/v1/fixes"))
+                    .json(&w.batches[i])
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 200);
+            }
+        }
+    };
+    send_all(0..a).await;
+    settle_single(&single).await;
+    assert_eq!(
+        single.put_fence("late-depot", added.clone()).await.status(),
+        201
+    );
+    send_all(a..b).await;
+    settle_single(&single).await;
+    let r = single
+        .http
+        .delete(single.url(&format!("/v1/fences/{deleted}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    send_all(b..n).await;
+    // The last DWELLs come with the final watermark; then the log stays put.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let reference: BTreeSet<String> = single.events(1).await.iter().map(key).collect();
+    assert!(reference.len() > 100, "{} events", reference.len());
+    single.stop().await;
+
+    let c = Cluster::start().await;
+    c.send_range(0..a).await;
+    settle_cluster(&c).await;
+    let r = c
+        .http
+        .put(format!("{}/v1/fences/late-depot", c.nodes[1].url))
+        .json(&added)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+    c.send_range(a..b).await;
+    settle_cluster(&c).await;
+    let r = c
+        .http
+        .delete(format!("{}/v1/fences/{deleted}", c.nodes[2].url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 204);
+    c.send_range(b..n).await;
+    c.check(0, &reference, "fences changed mid-trace").await;
+    // Every node lists the same fences.
+    for node in &c.nodes {
+        let r: Value = c
+            .http
+            .get(format!("{}/v1/fences", node.url))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let ids: BTreeSet<String> = r["features"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["id"].as_str().unwrap().to_string())
+            .collect();
+        assert!(
+            ids.contains("late-depot") && !ids.contains(deleted),
+            "{}: {ids:?}",
+            node.id
+        );
+    }
+}
+
+/// The single node has applied everything sent: its published watermark moved the shards.
+async fn settle_single(s: &crate::common::Srv) {
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let _ = s.get("/readyz").await;
+}
+
+/// Every partition has applied its input and every node knows the cluster's watermark.
+async fn settle_cluster(c: &Cluster) {
+    let t0 = Instant::now();
+    loop {
+        if let Some(v) = c.cluster_view().await {
+            let idle = v["partition_owners"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|p| p["status"]["lag_records"] == 0);
+            let mut marks = BTreeSet::new();
+            for n in c.nodes.iter().filter(|n| n.is_up()) {
+                let r: Value = c
+                    .http
+                    .get(format!("{}/readyz", n.url))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap_or_default();
+                marks.insert(r["watermark"].to_string());
+            }
+            if idle && marks.len() == 1 {
+                // One more heartbeat round for ticks written after the watermark moved.
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                return;
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "cluster did not settle"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
