@@ -173,6 +173,19 @@ impl Watermark {
         }
     }
 
+    /// A stamper for one batch: [`Stamper::stamp`] judges each fix like [`Watermark::stamp`],
+    /// the batch's earlier fixes included. On a cluster node the batch's fixes stay out of the
+    /// shared maximum: the cluster's watermark moves only once the whole batch is stored
+    /// (`cluster::ingest`), so a batch refused halfway and sent again is stamped as it was the
+    /// first time, not against a watermark its own first attempt moved.
+    pub fn stamper(&self) -> Stamper<'_> {
+        let external = self.external.load(std::sync::atomic::Ordering::Acquire);
+        Stamper {
+            wm: self,
+            local: external.then(|| self.max_seen.load(Ordering::Acquire)),
+        }
+    }
+
     /// event mode: tells every shard about `w`, the largest stamp of a batch that has just been
     /// sent to them (no-op in live mode, or when `w` is not ahead). Publishing the batch's own
     /// stamp rather than the global maximum matters: another batch may have been stamped higher
@@ -214,6 +227,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_cluster_batch_is_stamped_progressively_without_moving_the_shared_maximum() {
+        let w = Watermark::new(
+            ClockMode::Event,
+            Dur::from_secs(2),
+            WallClock::start(),
+            Some(10_000),
+            None,
+        );
+        w.set_external();
+        let now = Ts(0);
+        let mut st = w.stamper();
+        assert_eq!(st.stamp(Ts(9_000), now), Ts(8_000));
+        assert_eq!(st.stamp(Ts(15_000), now), Ts(13_000));
+        assert_eq!(
+            st.stamp(Ts(12_000), now),
+            Ts(13_000),
+            "earlier fixes of the batch count"
+        );
+        // Sent again (the first attempt was refused): stamped as the first time.
+        let mut again = w.stamper();
+        assert_eq!(again.stamp(Ts(9_000), now), Ts(8_000));
+        // Once stored, the cluster's maximum moves.
+        w.observe_cluster(15_000);
+        assert_eq!(w.stamper().stamp(Ts(9_000), now), Ts(13_000));
+    }
+
+    #[test]
     fn event_stamps_follow_the_largest_ts_and_publish_only_moves_forward() {
         let w = Watermark::new(
             ClockMode::Event,
@@ -252,5 +292,26 @@ mod tests {
             cur <= now.minus(Dur::from_secs(2)) && cur > now.minus(Dur::from_secs(60)),
             "live: wall - lateness, whatever was published ({cur})"
         );
+    }
+}
+
+/// Stamps the fixes of one batch (see [`Watermark::stamper`]).
+#[derive(Debug)]
+pub struct Stamper<'a> {
+    wm: &'a Watermark,
+    /// A cluster node: the largest time seen, this batch's fixes so far included (not shared).
+    local: Option<i64>,
+}
+
+impl Stamper<'_> {
+    /// The watermark the fix at `ts`, arriving at `wall_now`, is judged against.
+    pub fn stamp(&mut self, ts: Ts, wall_now: Ts) -> Ts {
+        match (&mut self.local, self.wm.mode) {
+            (Some(local), ClockMode::Event) => {
+                *local = (*local).max(ts.0);
+                Ts(*local).minus(self.wm.lateness)
+            }
+            _ => self.wm.stamp(ts, wall_now),
+        }
     }
 }

@@ -145,9 +145,10 @@ impl Ingest {
         let wall_now = self.now();
         let replies = self.shards.send_batch_with(parts, arrived, |parts| {
             let mut max_w = None;
+            let mut stamper = self.watermark.stamper();
             for &(k, i) in &order {
                 let s = &mut parts[k][i];
-                s.w = self.watermark.stamp(s.fix.ts, wall_now);
+                s.w = stamper.stamp(s.fix.ts, wall_now);
                 max_w = max_w.max(Some(s.w));
             }
             max_w

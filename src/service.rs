@@ -10,6 +10,9 @@
 //! their cursors -> the shards drain their queues -> the publisher makes its last commit. Work
 //! that is still running at the deadline is aborted, and the log says which. When `shutdown`
 //! returns, the store is closed (the data directory can be opened again).
+//!
+//! Why this file is long: it assembles the two kinds of service (one process, a cluster node)
+//! and stops either in order; the steps share `Stopping` and read best side by side.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, Weak};
@@ -279,16 +282,15 @@ impl Service {
         let node = Arc::new(node);
         let trigger = CancellationToken::new();
         let log = node.log();
-        let webhooks = Webhooks::start(
+        let webhooks = Webhooks::start_shared(
             &cfg.webhooks,
-            None,
+            node.sinks(),
             log.clone(),
             crate::outbound::TargetPolicy {
                 allow_private: cfg.allow_private_targets,
             },
             &trigger,
-        )
-        .map_err(ServiceError::Webhooks)?;
+        );
         let registry = Arc::new(FenceRegistry::cluster(
             map,
             fence_limits(&cfg),

@@ -163,6 +163,12 @@ pub const CLUSTER_FENCE_WRITES: &str = "geodwell_cluster_fence_writes_total";
 pub const CLUSTER_FENCE_COMPACTIONS: &str = "geodwell_cluster_fence_compactions_total";
 /// Events skipped by the feed (behind the stream's retention).
 pub const CLUSTER_FEED_SKIPPED: &str = "geodwell_cluster_feed_skipped_total";
+/// Gauge: input records not yet applied, summed over the partitions this node owns.
+pub const CLUSTER_LAG_RECORDS: &str = "geodwell_cluster_lag_records";
+/// Gauge: the oldest checkpoint among the partitions this node owns, seconds.
+pub const CLUSTER_CHECKPOINT_AGE_MAX_SECONDS: &str = "geodwell_cluster_checkpoint_age_max_seconds";
+/// Histogram: one batch part's publish until its PubAck.
+pub const CLUSTER_INGEST_ACK_SECONDS: &str = "geodwell_cluster_ingest_ack_seconds";
 
 /// Installs the Prometheus recorder once per process and returns its handle.
 pub fn install() -> PrometheusHandle {
@@ -240,6 +246,8 @@ pub fn install() -> PrometheusHandle {
             for g in [
                 CLUSTER_PARTITIONS_OWNED,
                 CLUSTER_NODES,
+                CLUSTER_LAG_RECORDS,
+                CLUSTER_CHECKPOINT_AGE_MAX_SECONDS,
                 STORE_CHECKPOINT_DEVICES,
                 STORE_CHECKPOINT_BYTES,
                 STORE_CHECKPOINT_AGE_SECONDS,
@@ -251,6 +259,7 @@ pub fn install() -> PrometheusHandle {
                 STORE_CHECKPOINT_SECONDS,
                 CLUSTER_CHECKPOINT_SECONDS,
                 CLUSTER_PUBLISH_SECONDS,
+                CLUSTER_INGEST_ACK_SECONDS,
             ] {
                 let _ = metrics::histogram!(h);
             }
@@ -440,6 +449,20 @@ fn describe_cluster() {
         "Partitions this node owns (cluster mode; 0 otherwise)."
     );
     describe_gauge!(CLUSTER_NODES, "Live cluster nodes this node sees.");
+    describe_gauge!(
+        CLUSTER_LAG_RECORDS,
+        "Input records not applied yet, summed over the partitions this node owns."
+    );
+    describe_gauge!(
+        CLUSTER_CHECKPOINT_AGE_MAX_SECONDS,
+        Unit::Seconds,
+        "Seconds since the least recently checkpointed partition owned here last checkpointed (0: none owned)."
+    );
+    describe_histogram!(
+        CLUSTER_INGEST_ACK_SECONDS,
+        Unit::Seconds,
+        "One ingest batch part, from its publish to the input stream's acknowledgement (PubAck)."
+    );
     describe_counter!(CLUSTER_TAKEOVERS, "Partitions this node has taken over.");
     describe_histogram!(
         CLUSTER_TAKEOVER_SECONDS,

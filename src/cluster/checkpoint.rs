@@ -209,6 +209,8 @@ pub async fn move_pointer(nats: &Nats, p: u16, new: &Pointer) -> Result<bool, Na
     let body = bytes::Bytes::from(serde_json::to_vec(new).unwrap_or_default());
     for _ in 0..8 {
         let res = match read_pointer(nats, p).await? {
+            // An earlier try that timed out here may have landed.
+            Some((cur, _)) if cur.object == new.object => return Ok(true),
             Some((cur, _)) if cur.input_seq >= new.input_seq => return Ok(false),
             Some((_, rev)) => nats
                 .meta

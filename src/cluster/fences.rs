@@ -24,6 +24,9 @@
 //! Invariants: a follower applies messages in stream order with no gap (a gap means the stream
 //! was compacted past it: it reloads the newest snapshot); `applied` only grows; a change is in
 //! the read copy once `applied` reached it.
+//!
+//! Why this file is long: the fence stream's writer (CAS, markers, large changes as objects),
+//! its follower (read copy, snapshots) and its compaction share one log position.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -14,6 +14,10 @@
 //!   they are durable and will be applied; the engine's verdict on them then shows only in the
 //!   metrics.
 //!
+//! - The cluster's watermark (event mode) moves only with batches whose every part is in the
+//!   stream ([`BatchAck`]): a half-stored batch, answered 503 and sent again, is judged like
+//!   one process would judge it, against the watermark from before it.
+//!
 //! Bounds: the dispatch queue (`shard_queue` parts; full: 503 `overloaded`), and at most
 //! [`MAX_IN_FLIGHT`] parts waiting for acknowledgements and outcomes.
 
@@ -54,8 +58,32 @@ struct Job {
     msg_id: String,
     /// Per fix: its index in the request and its device.
     fixes: Vec<(usize, Arc<str>)>,
-    max_ts: i64,
+    /// The batch it belongs to.
+    batch: Arc<BatchAck>,
     reply: oneshot::Sender<StepReply>,
+}
+
+/// A batch's parts still waiting for their acknowledgement. Only a batch whose every part is
+/// in the stream moves the cluster's watermark: a batch that failed halfway (some parts stored,
+/// then a 503) is sent again by its client, and the parts not stored the first time must not be
+/// judged against a watermark their own batch moved (they would be late, which one process,
+/// applying nothing of a refused batch, would never find).
+#[derive(Debug)]
+struct BatchAck {
+    remaining: std::sync::atomic::AtomicUsize,
+    failed: std::sync::atomic::AtomicBool,
+    max_ts: i64,
+}
+
+impl BatchAck {
+    /// One part's answer; the batch's largest fix time once every part is in.
+    fn part_done(&self, ok: bool) -> Option<i64> {
+        if !ok {
+            self.failed.store(true, Ordering::Release);
+        }
+        let last = self.remaining.fetch_sub(1, Ordering::AcqRel) == 1;
+        (last && !self.failed.load(Ordering::Acquire)).then_some(self.max_ts)
+    }
 }
 
 /// The node's ingest into the partitions' input (cheap to clone).
@@ -149,6 +177,16 @@ impl ClusterIngest {
             Err(mpsc::error::TrySendError::Closed(_)) => return Err(SendError::Closed),
         };
         let stamped = stamp(&mut parts);
+        let batch = Arc::new(BatchAck {
+            remaining: std::sync::atomic::AtomicUsize::new(n),
+            failed: std::sync::atomic::AtomicBool::new(false),
+            max_ts: parts
+                .iter()
+                .flatten()
+                .map(|s| s.fix.ts.0)
+                .max()
+                .unwrap_or(i64::MIN),
+        });
         let mut replies = Vec::with_capacity(n);
         let mut permits = permits.into_iter();
         for (p, fixes) in parts.into_iter().enumerate() {
@@ -166,7 +204,7 @@ impl ClusterIngest {
             permit.send(Job {
                 p: p as u16,
                 msg_id: part_id(p as u16, &fixes),
-                max_ts: fixes.iter().map(|s| s.fix.ts.0).max().unwrap_or(i64::MIN),
+                batch: batch.clone(),
                 fixes: fixes
                     .iter()
                     .map(|s| (s.index, s.fix.device.clone()))
@@ -235,6 +273,7 @@ async fn publish(
             .message_id(&job.msg_id)
             .headers(headers)
             .payload(record.into());
+        let published = std::time::Instant::now();
         let sent = nats.js.send_publish(in_subject(job.p), msg).await;
         let pending = pending.clone();
         let acked_max = acked_max.clone();
@@ -250,6 +289,13 @@ async fn publish(
                     }),
                 Err(e) => Err(e),
             };
+            if ack.is_ok() {
+                metrics::histogram!(t::CLUSTER_INGEST_ACK_SECONDS)
+                    .record(published.elapsed().as_secs_f64());
+            }
+            if let Some(max) = job.batch.part_done(ack.is_ok()) {
+                acked_max.fetch_max(max, Ordering::AcqRel);
+            }
             let reply = match ack {
                 Err(e) => {
                     counter!(t::CLUSTER_INGEST_FAILURES).increment(1);
@@ -273,7 +319,6 @@ async fn publish(
                         .collect())
                 }
                 Ok(_) => {
-                    acked_max.fetch_max(job.max_ts, Ordering::AcqRel);
                     let outcomes = tokio::time::timeout(OUTCOME_WAIT, orx).await;
                     pending
                         .lock()
@@ -413,6 +458,29 @@ mod tests {
         assert_eq!(back, all);
         assert!(decode_outcomes(&[1, 1, 9]).is_err());
         assert!(decode_outcomes(&[1, 2, 0]).is_err(), "truncated");
+    }
+
+    #[test]
+    fn only_a_batch_stored_whole_moves_the_watermark() {
+        let b = BatchAck {
+            remaining: std::sync::atomic::AtomicUsize::new(3),
+            failed: std::sync::atomic::AtomicBool::new(false),
+            max_ts: 42,
+        };
+        assert_eq!(b.part_done(true), None);
+        assert_eq!(b.part_done(true), None);
+        assert_eq!(b.part_done(true), Some(42));
+        let b = BatchAck {
+            remaining: std::sync::atomic::AtomicUsize::new(2),
+            failed: std::sync::atomic::AtomicBool::new(false),
+            max_ts: 42,
+        };
+        assert_eq!(b.part_done(false), None);
+        assert_eq!(
+            b.part_done(true),
+            None,
+            "a part failed: the batch is sent again"
+        );
     }
 
     #[test]

@@ -198,8 +198,23 @@ impl Leases {
                 Renewed::Yes
             }
             Ok(Err(e)) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {
-                lease.mark_lost();
-                Renewed::Lost
+                // An earlier renewal that timed out here may still have landed: the key then
+                // holds this holder's own value at a newer revision. Anything else is lost.
+                match self.bucket.entry(&lease.key).await {
+                    Ok(Some(e))
+                        if e.operation == kv::Operation::Put
+                            && serde_json::from_slice::<Holder>(&e.value)
+                                .is_ok_and(|h| h.node == lease.node && h.epoch == lease.epoch) =>
+                    {
+                        lease.rev.store(e.revision, Ordering::Release);
+                        Renewed::Unknown
+                    }
+                    Ok(_) => {
+                        lease.mark_lost();
+                        Renewed::Lost
+                    }
+                    Err(_) => Renewed::Unknown,
+                }
             }
             Ok(Err(_)) | Err(_) => {
                 if !lease.valid() {
@@ -257,10 +272,18 @@ impl Leases {
 
 /// Every key of `bucket` with a value: (key, value, revision), read from the stream leader.
 pub async fn kv_entries(bucket: &kv::Store) -> Result<Vec<(String, Bytes, u64)>, NatsError> {
+    kv_entries_under(bucket, "").await
+}
+
+/// Every key of `bucket` starting with `under` (empty, or ending in a dot) with a value.
+pub async fn kv_entries_under(
+    bucket: &kv::Store,
+    under: &str,
+) -> Result<Vec<(String, Bytes, u64)>, NatsError> {
     let prefix = format!("$KV.{}.", bucket.name);
     let msgs = read_stream(
         &bucket.stream,
-        &format!("{prefix}>"),
+        &format!("{prefix}{under}>"),
         DeliverPolicy::LastPerSubject,
     )
     .await?;

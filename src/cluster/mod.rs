@@ -33,6 +33,7 @@ pub mod outbox;
 pub mod partition;
 pub mod query;
 pub mod record;
+pub mod sinks;
 pub mod status;
 
 use std::collections::BTreeMap;
@@ -64,6 +65,7 @@ pub struct ClusterNode {
     log: Arc<EventLog>,
     feed_caught: watch::Receiver<bool>,
     member: watch::Receiver<bool>,
+    sinks: sinks::NatsSinks,
     stop: CancellationToken,
     tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
 }
@@ -131,6 +133,7 @@ impl ClusterNode {
             shared,
             lease::Leases::new(nats.leases.clone(), &cc.node_id, nats.lease_ttl),
         );
+        let sinks = sinks::NatsSinks::new(nats.clone(), nats.sinks.clone(), &cc.node_id);
         let (member_tx, member) = watch::channel(false);
         tasks.push(tokio::spawn(node::run_membership(
             node::Membership {
@@ -140,7 +143,10 @@ impl ClusterNode {
                 started_ms: start.watermark.wall().now().0,
                 runtime: runtime.clone(),
                 fences: fences.clone(),
-                sinks: node::SinkNames(Arc::new(Vec::new)),
+                sinks: {
+                    let s = sinks.clone();
+                    node::SinkNames(Arc::new(move || s.delivering()))
+                },
             },
             member_tx,
             stop.clone(),
@@ -179,9 +185,15 @@ impl ClusterNode {
             log,
             feed_caught,
             member,
+            sinks,
             stop,
             tasks: std::sync::Mutex::new(tasks),
         })
+    }
+
+    /// The cluster's webhook sinks (shared definitions, cursors, one deliverer each).
+    pub fn sinks(&self) -> Arc<dyn crate::webhooks::shared::SharedSinks> {
+        Arc::new(self.sinks.clone())
     }
 
     /// The handle ingest and device queries route through.

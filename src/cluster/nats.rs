@@ -148,6 +148,8 @@ pub struct Nats {
     pub nodes: kv::Store,
     /// [`META`].
     pub meta: kv::Store,
+    /// [`super::sinks::SINKS`].
+    pub sinks: kv::Store,
     /// [`OBJECTS`].
     pub objects: object_store::ObjectStore,
     /// The cluster's partitions (from [`ClusterMeta`]).
@@ -248,6 +250,7 @@ impl Nats {
                 "cluster.partitions differs from the cluster's, which is fixed when it is first created; using the cluster's"
             );
         }
+        let sinks = kv_bucket(&js, super::sinks::SINKS, replicas, Duration::ZERO, 1).await?;
         let leases = kv_bucket(&js, LEASES, replicas, lease_max_age(cfg.lease_ttl), 1).await?;
         let nodes = kv_bucket(&js, NODES, replicas, lease_max_age(cfg.lease_ttl), 1).await?;
         let lease_ttl = leases
@@ -320,6 +323,7 @@ impl Nats {
             leases,
             nodes,
             meta,
+            sinks,
             objects,
             partitions: stored.partitions,
             lease_ttl,

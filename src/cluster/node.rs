@@ -19,6 +19,9 @@
 //! A graceful stop removes the node's heartbeat first (the others stop ranking it), then stops
 //! its partitions with a final checkpoint each and releases their leases: the others take them
 //! over at once, replaying nothing.
+//!
+//! Why this file is long: membership (heartbeats, renewals, assignment, handover), the cluster
+//! watermark and the `Partitions` implementation share the node's runtime.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -525,6 +528,18 @@ async fn membership_round(
         }
     }
     gauge!(t::CLUSTER_PARTITIONS_OWNED).set(rt.owned().len() as f64);
+    let parts = rt.board().all();
+    gauge!(t::CLUSTER_LAG_RECORDS).set(parts.iter().map(|s| s.lag_records).sum::<u64>() as f64);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let oldest = parts
+        .iter()
+        .filter(|s| s.checkpoint_at_ms > 0)
+        .map(|s| (now_ms - s.checkpoint_at_ms).max(0))
+        .max()
+        .unwrap_or(0);
+    gauge!(t::CLUSTER_CHECKPOINT_AGE_MAX_SECONDS).set(oldest as f64 / 1000.0);
     gauge!(t::CLUSTER_NODES).set(nodes.len() as f64);
     // 6. Fence compaction by the owner of partition 0, now and then.
     if round.is_multiple_of(30) && rt.control(0).is_some() {

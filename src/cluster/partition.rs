@@ -26,6 +26,10 @@
 //!
 //! Invariants: the task acts on the partition (ticks, checkpoints, publishing) only while its
 //! lease is valid; it ends when the lease is lost; it answers every query it takes.
+//!
+//! Why this file is long: the partition task is one state machine (restore, suppress, replay,
+//! live, checkpoint, stop) over one `Part`; its checkpoint writing and restoring share its
+//! freeze and pointer types and are read together with it.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -699,10 +703,21 @@ async fn write_checkpoint(
     };
     match checkpoint::move_pointer(&sh.nats, p, &ptr).await {
         Ok(true) => {}
-        Ok(false) | Err(_) => {
-            let _ = sh.nats.objects.delete(object.as_str()).await;
+        Ok(false) => {
+            // The pointer is already as far (a newer holder, or a later write of this one):
+            // this object is not needed, unless the pointer names it as its fallback.
+            let named = checkpoint::read_pointer(&sh.nats, p).await.map(|c| {
+                c.is_some_and(|(c, _)| {
+                    c.object == object || c.previous.as_ref().is_some_and(|(o, _)| *o == object)
+                })
+            });
+            if matches!(named, Ok(false)) {
+                let _ = sh.nats.objects.delete(object.as_str()).await;
+            }
             return None;
         }
+        // Unknown whether it moved: the object stays (an orphan at worst).
+        Err(_) => return None,
     }
     counter!(t::CLUSTER_CHECKPOINTS).increment(1);
     histogram!(t::CLUSTER_CHECKPOINT_SECONDS).record(started.elapsed().as_secs_f64());

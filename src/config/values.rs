@@ -1,6 +1,9 @@
 //! The configuration schema and the typed reading of each value: which keys exist, what kind of
 //! value each takes, and how a raw TOML or environment value becomes a typed one (every problem
 //! recorded, never the first one only).
+//!
+//! Why this file is long: it is the table of every configuration key and the reader of each
+//! kind of value; splitting the table would scatter the one list a reader looks for.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -190,13 +190,15 @@ impl From<WebhookError> for ApiError {
             WebhookError::TooMany => ApiError::unprocessable("too_many_webhooks", msg),
             WebhookError::Target(e) => invalid(vec![("url".into(), e.to_string())]),
             WebhookError::ShuttingDown => ApiError::shutting_down(),
-            WebhookError::Store(_) | WebhookError::Corrupt(_) => ApiError {
-                status: StatusCode::SERVICE_UNAVAILABLE,
-                code: "store_unavailable",
-                message: msg,
-                details: None,
-                retry_after: Some(1),
-            },
+            WebhookError::Store(_) | WebhookError::Corrupt(_) | WebhookError::Shared(_) => {
+                ApiError {
+                    status: StatusCode::SERVICE_UNAVAILABLE,
+                    code: "store_unavailable",
+                    message: msg,
+                    details: None,
+                    retry_after: Some(1),
+                }
+            }
         }
     }
 }

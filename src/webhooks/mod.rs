@@ -23,6 +23,7 @@
 //! See `docs/webhooks.md`.
 
 pub mod deliver;
+pub mod shared;
 pub mod sink;
 pub mod spec;
 
@@ -93,6 +94,9 @@ pub enum WebhookError {
     /// The manager is stopping.
     #[error("the service is shutting down")]
     ShuttingDown,
+    /// The cluster's shared sink store failed.
+    #[error("the cluster's webhook store: {0}")]
+    Shared(String),
 }
 
 /// A sink's definition and status, for the API.
@@ -115,6 +119,8 @@ pub struct Webhooks {
     stop: CancellationToken,
     /// Serializes store writes (flush, create, delete).
     write: tokio::sync::Mutex<()>,
+    /// In a cluster: where definitions, cursors and dead letters live, and who delivers what.
+    shared: Option<Arc<dyn shared::SharedSinks>>,
 }
 
 /// Runs a store call off the async workers (it may wait for the publisher's fsync).
@@ -141,7 +147,49 @@ impl Webhooks {
             tasks: TaskTracker::new(),
             stop: CancellationToken::new(),
             write: tokio::sync::Mutex::new(()),
+            shared: None,
         })
+    }
+
+    /// The manager of a cluster node: the `configured` sinks and the API sinks of `shared`,
+    /// each delivered by the node holding its tenure (see [`shared`]). Nothing is delivered
+    /// before the first round.
+    pub fn start_shared(
+        configured: &[SinkSpec],
+        shared: Arc<dyn shared::SharedSinks>,
+        log: Arc<EventLog>,
+        policy: TargetPolicy,
+        shutdown: &CancellationToken,
+    ) -> Arc<Webhooks> {
+        let stop = shutdown.child_token();
+        let wh = Arc::new(Webhooks {
+            sinks: RwLock::new(BTreeMap::new()),
+            ctx: sink::Ctx {
+                log,
+                store: None,
+                client: deliver::client(policy),
+                policy,
+            },
+            tasks: TaskTracker::new(),
+            stop,
+            write: tokio::sync::Mutex::new(()),
+            shared: Some(shared.clone()),
+        });
+        let head = wh.ctx.log.next_seq();
+        for spec in configured {
+            let s = Arc::new(Sink::new(
+                spec.clone(),
+                Source::Config,
+                head,
+                false,
+                Vec::new(),
+                wh.stop.child_token(),
+            ));
+            wh.write_sinks().insert(s.spec.id.clone(), s);
+        }
+        let me = wh.clone();
+        wh.tasks.spawn(async move { me.shared_loop(shared).await });
+        wh
     }
 
     /// Restores the sinks (`configured` ones from the configuration file, API sinks from the
@@ -198,6 +246,7 @@ impl Webhooks {
             tasks: TaskTracker::new(),
             stop,
             write: tokio::sync::Mutex::new(()),
+            shared: None,
         });
         let head = wh.ctx.log.next_seq();
         for (spec, source) in defs {
@@ -310,6 +359,12 @@ impl Webhooks {
             Some(from) => self.oldest_available(from).await?,
             None => head,
         };
+        if let Some(shared) = &self.shared {
+            let s = self.create_shared(shared, spec, cursor).await?;
+            self.update_gauges();
+            tracing::info!(webhook = %s.spec.id, url = %s.spec.url, cursor, "webhook created");
+            return Ok(self.info(&s));
+        }
         let s = {
             let mut sinks = self.write_sinks();
             if let Some(old) = sinks.get(&spec.id) {
@@ -382,6 +437,10 @@ impl Webhooks {
         let s = self.sink(id)?;
         if s.source == Source::Config {
             return Err(WebhookError::FromConfig(id.to_string()));
+        }
+        if let Some(shared) = &self.shared {
+            shared.remove(id).await.map_err(WebhookError::Shared)?;
+            shared.release(id).await;
         }
         if let Some(store) = self.ctx.store.clone() {
             let batch = WebhookBatch {

@@ -253,6 +253,8 @@ impl Cluster {
         for i in range {
             let rep = self.send(i, &w.batches[i]).await;
             assert_eq!(rep["rejected"], 0, "{rep}");
+            // Sent within the lateness: one process would judge none late, neither may a node.
+            assert_eq!(rep["late"], 0, "batch {i}: {rep}");
         }
     }
 
@@ -406,6 +408,21 @@ async fn kill_9_of_an_owner_mid_batch_loses_and_doubles_nothing() {
     let next = (victim + 1) % 3;
     c.send(next, &w.batches[n / 3]).await;
     c.send_range(n / 3 + 1..2 * n / 3).await;
+    // Its partitions were taken over (the check below would also pass if they had waited for
+    // it to come back).
+    let t0 = Instant::now();
+    loop {
+        let owner = c.owner_of(p).await;
+        if owner.is_some_and(|o| o != victim) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "partition {p} was not taken over from the killed node\n{}",
+            c.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     c.nodes[victim].restart();
     c.send_range(2 * n / 3..n).await;
     c.check(next, &w.reference, "kill -9 of an owner").await;

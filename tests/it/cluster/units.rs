@@ -327,3 +327,213 @@ async fn wait_events(http: &reqwest::Client, base: &str, n: usize) -> Vec<Value>
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Records the `webhook-id` of every request; answers 204.
+async fn id_receiver() -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
+    use axum::routing::post;
+    let got = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let g = got.clone();
+    let app = axum::Router::new().route(
+        "/hook",
+        post(move |headers: axum::http::HeaderMap| {
+            let g = g.clone();
+            async move {
+                let id = headers
+                    .get("webhook-id")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_string();
+                g.lock().unwrap().push(id);
+                axum::http::StatusCode::NO_CONTENT
+            }
+        }),
+    );
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{addr}/hook"), got)
+}
+
+fn named_node_config(urls: &str, node: &str) -> Config {
+    let mut cfg = node_config(urls);
+    if let Some(c) = cfg.cluster.as_mut() {
+        c.node_id = node.to_string();
+    }
+    cfg
+}
+
+/// The nodes whose heartbeat says they deliver sink `id`.
+async fn deliverers(http: &reqwest::Client, base: &str, id: &str) -> Vec<String> {
+    let v: Value = http
+        .get(format!("{base}/v1/cluster"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["sinks"].as_array().unwrap().iter().any(|s| s == id))
+        .map(|n| n["node"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_is_delivered_by_one_node_and_resumed_by_another_when_it_stops() {
+    let _one = super::scenario_env().await;
+    let nats = NatsCluster::start(1).await;
+    let http = reqwest::Client::new();
+    let a = geodwell::Service::start(named_node_config(&nats.urls(), "a"))
+        .await
+        .expect("node a starts");
+    let b = geodwell::Service::start(named_node_config(&nats.urls(), "b"))
+        .await
+        .expect("node b starts");
+    let (ua, ub) = (
+        format!("http://{}", a.addr()),
+        format!("http://{}", b.addr()),
+    );
+    wait_ready(&http, &ua).await;
+    wait_ready(&http, &ub).await;
+    let (url, got) = id_receiver().await;
+    let r = http
+        .put(format!("{ua}/v1/fences/yard"))
+        .json(&square("yard", json!({"dwell": ["1m"]})))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201, "{}", r.text().await.unwrap());
+    let r = http
+        .post(format!("{ua}/v1/webhooks"))
+        .json(&json!({
+            "id": "hook",
+            "url": url,
+            "secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSwZbMA3wnmMvI=",
+            "timeout": "2s",
+            "from_seq": 1,
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201, "{}", r.text().await.unwrap());
+    // The definition reaches the other node.
+    let t0 = Instant::now();
+    loop {
+        let v: Value = http
+            .get(format!("{ub}/v1/webhooks"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if v["webhooks"].as_array().is_some_and(|w| w.len() == 1) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "node b never saw the sink: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let send = |secs: i64| {
+        let fixes: Vec<Value> = (0..10)
+            .map(|d| fix(&format!("dev-{d}"), secs, d % 2 == 0))
+            .collect();
+        let (http, ua) = (http.clone(), ub.clone());
+        async move {
+            let r = http
+                .post(format!("{ua}/v1/fixes"))
+                .json(&fixes)
+                .send()
+                .await
+                .unwrap();
+            assert!(r.status().is_success());
+        }
+    };
+    for s in 0..5 {
+        send(s * 30).await;
+    }
+    let first = wait_events(&http, &ub, 5).await;
+    assert!(!first.is_empty());
+    let wait_got = |ids: Vec<String>| {
+        let got = got.clone();
+        async move {
+            let t0 = Instant::now();
+            loop {
+                let have: HashSet<String> = got.lock().unwrap().iter().cloned().collect();
+                let missing: Vec<&String> = ids.iter().filter(|i| !have.contains(*i)).collect();
+                if missing.is_empty() {
+                    return;
+                }
+                assert!(
+                    t0.elapsed() < Duration::from_secs(30),
+                    "not delivered: {missing:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let ids = |evs: &[Value]| -> Vec<String> {
+        evs.iter()
+            .map(|e| e["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    wait_got(ids(&first)).await;
+    // One node delivers it.
+    let t0 = Instant::now();
+    let who = loop {
+        let d = deliverers(&http, &ua, "hook").await;
+        if d.len() == 1 {
+            break d[0].clone();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "deliverers: {d:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // It stops; the other resumes where it stopped.
+    let (gone, stay, stay_url) = if who == "a" {
+        (a, b, ub.clone())
+    } else {
+        (b, a, ua.clone())
+    };
+    gone.shutdown(Duration::from_secs(10)).await.unwrap();
+    let before = got.lock().unwrap().len();
+    let send = |secs: i64| {
+        let fixes: Vec<Value> = (0..10)
+            .map(|d| fix(&format!("dev-{d}"), secs, d % 2 == 1))
+            .collect();
+        let (http, u) = (http.clone(), stay_url.clone());
+        async move {
+            let r = http
+                .post(format!("{u}/v1/fixes"))
+                .json(&fixes)
+                .send()
+                .await
+                .unwrap();
+            assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+        }
+    };
+    for s in 5..10 {
+        send(s * 30).await;
+    }
+    let all = wait_events(&http, &stay_url, first.len() + 10).await;
+    assert!(all.len() > first.len(), "more events after the stop");
+    wait_got(ids(&all)).await;
+    let received = got.lock().unwrap().clone();
+    let distinct: HashSet<&String> = received.iter().collect();
+    assert_eq!(distinct.len(), all.len(), "every event, and only events");
+    // A graceful handover writes the cursor first: nothing delivered before it is repeated.
+    assert_eq!(
+        received.len(),
+        all.len(),
+        "no event delivered twice across a graceful handover ({before} before the stop)"
+    );
+    let d = deliverers(&http, &stay_url, "hook").await;
+    assert_eq!(d.len(), 1, "{d:?}");
+    stay.shutdown(Duration::from_secs(10)).await.unwrap();
+}

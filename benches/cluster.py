@@ -1,0 +1,311 @@
+#!/usr/bin/env python3
+"""Cluster figures on this machine (docs/bench-cluster.md), with a one-process service beside them.
+
+Starts its own 3-server NATS JetStream cluster (replicas 3) on free loopback ports and geodwell
+nodes as separate processes, then measures, in one run:
+  1. throughput: `geodwell simulate --max` (100k devices, 5,000-fix batches, 4 connections to
+     the first node) against 1, 2 and 3 cluster nodes, and against one process on its embedded
+     `sync` store;
+  2. single-fix POSTs answered (after the PubAck): p50 / p99, cluster node vs one process;
+  3. ingest -> ENTER latency from `geodwell simulate` (live pace, its WebSocket), p50 / p99;
+  4. takeover after kill -9 of a node: detection, restore, suppress, replay per moved partition;
+  5. the 503 window while a NATS server is killed (one client posting small batches);
+  6. checkpoint size and time (from the nodes' metrics).
+
+  benches/cluster.py BIN NATS_SERVER OUT_DIR [--quick]
+"""
+
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+BIN, NATS, OUT = sys.argv[1], sys.argv[2], sys.argv[3]
+QUICK = "--quick" in sys.argv
+DURATION = "3s" if QUICK else "10s"
+SINGLE = 300 if QUICK else 2000
+PARTITIONS = "16" if QUICK else "64"
+procs = []
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def get(port, path, timeout=5):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    c.request("GET", path)
+    r = c.getresponse()
+    return r.status, r.read()
+
+
+def wait_ok(port, path, within=90):
+    t0 = time.time()
+    while time.time() - t0 < within:
+        try:
+            if get(port, path)[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"127.0.0.1:{port}{path} not ready within {within}s")
+
+
+class NatsCluster:
+    def __init__(self, n=3):
+        self.dir = os.path.join(OUT, "nats")
+        shutil.rmtree(self.dir, ignore_errors=True)
+        os.makedirs(self.dir)
+        self.ports = [free_port() for _ in range(n)]
+        self.routes = [free_port() for _ in range(n)]
+        self.mon = [free_port() for _ in range(n)]
+        self.p = [None] * n
+        for i in range(n):
+            self.start(i)
+        for m in self.mon:
+            wait_ok(m, "/healthz?js-enabled-only=true")
+
+    def conf(self, i):
+        routes = ", ".join(f"nats-route://127.0.0.1:{r}" for r in self.routes)
+        path = os.path.join(self.dir, f"n{i}.conf")
+        with open(path, "w") as f:
+            f.write(
+                f'server_name: n{i}\nlisten: 127.0.0.1:{self.ports[i]}\nhttp: 127.0.0.1:{self.mon[i]}\n'
+                f'jetstream {{\n  store_dir: "{self.dir}/n{i}"\n}}\n'
+                f"cluster {{\n  name: bench\n  listen: 127.0.0.1:{self.routes[i]}\n  routes: [{routes}]\n}}\n"
+            )
+        return path
+
+    def start(self, i):
+        log = open(os.path.join(self.dir, f"n{i}.log"), "a")
+        self.p[i] = subprocess.Popen([NATS, "-c", self.conf(i)], stdout=log, stderr=log)
+        procs.append(self.p[i])
+
+    def kill(self, i):
+        self.p[i].send_signal(signal.SIGKILL)
+        self.p[i].wait()
+
+    def urls(self):
+        return ",".join(f"nats://127.0.0.1:{p}" for p in self.ports)
+
+
+def env(extra=None):
+    e = dict(os.environ, GEODWELL_LOG="info")
+    e.update(extra or {})
+    return e
+
+
+def node(nats, i, data):
+    port = free_port()
+    log = open(os.path.join(OUT, f"g{i}.log"), "a")
+    p = subprocess.Popen(
+        [BIN, "serve", "--clock", "event", "--lateness", "0s", "--listen", f"127.0.0.1:{port}",
+         "--fences-file", "", "--data-dir", data, "--nats", nats.urls(), "--node", f"g{i}"],
+        env=env({"GEODWELL_PARTITIONS": PARTITIONS, "GEODWELL_LEASE_TTL": "3s",
+                 "GEODWELL_CLUSTER_CHECKPOINT_INTERVAL": "5s"}),
+        stdout=log, stderr=log)
+    procs.append(p)
+    return p, port
+
+
+def single(data):
+    port = free_port()
+    shutil.rmtree(data, ignore_errors=True)
+    log = open(os.path.join(OUT, "single.log"), "a")
+    p = subprocess.Popen(
+        [BIN, "serve", "--clock", "event", "--lateness", "0s", "--listen", f"127.0.0.1:{port}",
+         "--fences-file", "", "--data-dir", data],
+        env=env({"GEODWELL_DURABILITY": "sync"}), stdout=log, stderr=log)
+    procs.append(p)
+    wait_ok(port, "/readyz")
+    return p, port
+
+
+def settled(port, within=120):
+    t0 = time.time()
+    while time.time() - t0 < within:
+        try:
+            s, b = get(port, "/v1/cluster")
+            v = json.loads(b)
+            if s == 200 and v["unowned"] == 0 and all(
+                    p["status"]["phase"] == "live" for p in v["partition_owners"]):
+                return v
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.2)
+    raise SystemExit("cluster did not settle")
+
+
+def simulate(port, extra):
+    """Runs the simulator against one node over 4 connections (the simulator's device ids do
+    not vary, so two simulators would send the same devices; the node that takes the HTTP
+    requests publishes every partition's part, and the partitions' engines run on their owners)."""
+    p = subprocess.run(
+        [BIN, "simulate", "--server", f"http://127.0.0.1:{port}", "--connections", "4"] + extra,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return [p.stdout]
+
+
+def rate_of(outs):
+    total = 0
+    for o in outs:
+        m = re.search(r"= ([0-9]+) accepted/s", o)
+        total += int(m.group(1)) if m else 0
+    return total
+
+
+def single_fix(port, n):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    lat, refused = [], 0
+    t0 = 1767225600000
+    for i in range(n):
+        body = json.dumps({"device": f"s{i % 1000}", "ts": t0 + i * 1000, "lat": 50.0, "lon": 10.0})
+        s = time.perf_counter()
+        c.request("POST", "/v1/fixes", body, {"content-type": "application/json"})
+        r = c.getresponse()
+        r.read()
+        lat.append(time.perf_counter() - s)
+        refused += r.status != 200
+    lat.sort()
+    q = lambda x: round(lat[min(len(lat) - 1, int(len(lat) * x))] * 1000, 2)
+    return {"p50_ms": q(0.5), "p99_ms": q(0.99), "refused": refused}
+
+
+def e2e(port):
+    o = subprocess.run(
+        [BIN, "simulate", "--server", f"http://127.0.0.1:{port}", "--devices", "2000", "--sites", "100",
+         "--duration", DURATION, "--quiet"], capture_output=True, text=True).stdout
+    m = re.search(r"^\s+enter\s+(\d+)\s+([\d.]+)\s+([\d.]+)", o, re.M)
+    return {"enter_count": int(m.group(1)), "p50_ms": float(m.group(2)), "p99_ms": float(m.group(3))} if m else {"raw": o[-400:]}
+
+
+def metric(port, name):
+    _, b = get(port, "/metrics")
+    vals = []
+    for line in b.decode().splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            vals.append(float(line.rsplit(" ", 1)[1]))
+    return vals
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    res = {"quick": QUICK}
+    load = ["--devices", "100000", "--sites", "200", "--max", "--batch", "5000", "--duration", DURATION]
+    # One process, embedded sync store: the alternative.
+    p, port = single(os.path.join(OUT, "single-data"))
+    res["single_process_fixes_per_s"] = rate_of(simulate(port, load))
+    res["single_process_single_fix"] = single_fix(port, SINGLE)
+    res["single_process_e2e"] = e2e(port)
+    p.terminate()
+    p.wait()
+    # The cluster with 1, 2, 3 nodes (a fresh NATS cluster each).
+    res["cluster_fixes_per_s"] = {}
+    for n in (1, 2, 3):
+        nats = NatsCluster(3)
+        nodes = [node(nats, i, os.path.join(OUT, f"d{n}-{i}")) for i in range(n)]
+        for _, port in nodes:
+            wait_ok(port, "/readyz")
+        settled(nodes[0][1])
+        res["cluster_fixes_per_s"][n] = rate_of(simulate(nodes[0][1], load))
+        if n == 3:
+            res["cluster_single_fix"] = single_fix(nodes[0][1], SINGLE)
+            res["cluster_e2e"] = e2e(nodes[0][1])
+            time.sleep(6)
+            res["checkpoint_bytes_per_partition"] = sum(
+                sum(metric(pt, "geodwell_cluster_checkpoint_bytes")) for _, pt in nodes) / int(PARTITIONS)
+            secs = [(sum(metric(pt, "geodwell_cluster_checkpoint_seconds_sum")),
+                     sum(metric(pt, "geodwell_cluster_checkpoint_seconds_count"))) for _, pt in nodes]
+            s, c = sum(x for x, _ in secs), sum(y for _, y in secs)
+            res["checkpoint_mean_ms"] = round(1000 * s / c, 1) if c else None
+            # Takeover: kill -9 of node 2; the others take its partitions.
+            before = settled(nodes[0][1])
+            moved = [p["partition"] for p in before["partition_owners"] if p["owner"] == "g2"]
+            killed_at = time.time()
+            nodes[2][0].send_signal(signal.SIGKILL)
+            nodes[2][0].wait()
+            after = settled(nodes[0][1])
+            detected = time.time() - killed_at
+            tk = [p["status"].get("takeover") or {} for p in after["partition_owners"] if p["partition"] in moved]
+            med = lambda k: statistics.median([t.get(k, 0) for t in tk]) if tk else None
+            mx = lambda k: max([t.get(k, 0) for t in tk]) if tk else None
+            res["takeover"] = {
+                "partitions_moved": len(moved),
+                "all_live_again_s": round(detected, 2),
+                "restore_ms": {"median": med("restore_ms"), "max": mx("restore_ms")},
+                "suppress_ms": {"median": med("suppress_ms"), "max": mx("suppress_ms")},
+                "replay_ms": {"median": med("replay_ms"), "max": mx("replay_ms")},
+                "replayed_records": {"median": med("replayed_records"), "max": mx("replayed_records")},
+            }
+            # The 503 window while a NATS server is killed.
+            import threading
+            stop = threading.Event()
+            log = []
+
+            def poster(port):
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                i = 0
+                t0 = 1767225600000 + 10**9
+                while not stop.is_set():
+                    body = json.dumps([{"device": f"w{i % 50}-{k}", "ts": t0 + i * 1000, "lat": 50.0, "lon": 10.0}
+                                       for k in range(20)])
+                    try:
+                        c.request("POST", "/v1/fixes", body, {"content-type": "application/json"})
+                        r = c.getresponse()
+                        r.read()
+                        log.append((time.time(), r.status))
+                    except OSError:
+                        log.append((time.time(), 0))
+                        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                    i += 1
+
+            t = threading.Thread(target=poster, args=(nodes[0][1],))
+            t.start()
+            time.sleep(2)
+            kill_at = time.time()
+            nats.kill(0)
+            time.sleep(8)
+            stop.set()
+            t.join()
+            bad = [ts for ts, st in log if st != 200 and ts >= kill_at]
+            res["nats_kill"] = {
+                "requests_after_kill": sum(1 for ts, _ in log if ts >= kill_at),
+                "refused_after_kill": len(bad),
+                "refusal_window_s": round(max(bad) - kill_at, 2) if bad else 0.0,
+            }
+        for p, _ in nodes:
+            if p.poll() is None:
+                p.terminate()
+                p.wait()
+        for q in nats.p:
+            if q.poll() is None:
+                q.terminate()
+                q.wait()
+    json.dump(res, open(os.path.join(OUT, "..", "cluster.json"), "w"), indent=1)
+    print(json.dumps(res, indent=1))
+    sp = res["single_process_fixes_per_s"] or 1
+    print()
+    print("| setup | fixes/s | vs one process (sync) |")
+    print("| --- | ---: | ---: |")
+    print(f"| one process, embedded sync store | {res['single_process_fixes_per_s']} | 1.00x |")
+    for n, r in res["cluster_fixes_per_s"].items():
+        print(f"| cluster, {n} node(s), NATS R3 | {r} | {r / sp:.2f}x |")
+
+
+try:
+    main()
+finally:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
