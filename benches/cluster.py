@@ -73,8 +73,16 @@ class NatsCluster:
         self.p = [None] * n
         for i in range(n):
             self.start(i)
-        for m in self.mon:
-            wait_ok(m, "/healthz?js-enabled-only=true")
+        t0 = time.time()
+        while True:
+            try:
+                if json.loads(get(self.mon[0], "/jsz")[1]).get("meta_cluster", {}).get("leader"):
+                    break
+            except (OSError, ValueError):
+                pass
+            if time.time() - t0 > 90:
+                raise SystemExit("the NATS cluster elected no meta leader within 90 s")
+            time.sleep(0.2)
 
     def conf(self, i):
         routes = ", ".join(f"nats-route://127.0.0.1:{r}" for r in self.routes)
@@ -132,14 +140,16 @@ def single(data):
     return p, port
 
 
-def settled(port, within=120):
+def settled(port, within=120, without=None):
+    """The cluster view once every partition has a live owner (other than `without`)."""
     t0 = time.time()
     while time.time() - t0 < within:
         try:
             s, b = get(port, "/v1/cluster")
             v = json.loads(b)
             if s == 200 and v["unowned"] == 0 and all(
-                    p["status"]["phase"] == "live" for p in v["partition_owners"]):
+                    p["status"] and p["status"]["phase"] == "live" and p["owner"] != without
+                    for p in v["partition_owners"]):
                 return v
         except (OSError, ValueError, KeyError):
             pass
@@ -199,6 +209,28 @@ def metric(port, name):
     return vals
 
 
+def hist_buckets(port, name):
+    _, b = get(port, "/metrics")
+    buckets = {}
+    for line in b.decode().splitlines():
+        m = re.match(name + r'_bucket\{.*le="([^"]+)".*\} ([0-9.e+]+)', line)
+        if m:
+            buckets[float("inf") if m.group(1) == "+Inf" else float(m.group(1))] = float(m.group(2))
+    return buckets
+
+
+def hist_quantiles(after, before, qs=(0.5, 0.99)):
+    """Quantiles (ms: the upper bound of the bucket they fall in) of the samples between two
+    snapshots of a histogram's buckets."""
+    buckets = sorted((le, c - before.get(le, 0)) for le, c in after.items())
+    total = buckets[-1][1] if buckets else 0
+    out = {"count": int(total)}
+    for q in qs:
+        le = next((le for le, c in buckets if total and c >= q * total), None)
+        out[f"p{int(q * 100)}_ms_at_most"] = None if le is None else round(le * 1000, 3)
+    return out
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     res = {"quick": QUICK}
@@ -220,7 +252,10 @@ def main():
         settled(nodes[0][1])
         res["cluster_fixes_per_s"][n] = rate_of(simulate(nodes[0][1], load))
         if n == 3:
+            h0 = hist_buckets(nodes[0][1], "geodwell_cluster_ingest_ack_seconds")
             res["cluster_single_fix"] = single_fix(nodes[0][1], SINGLE)
+            res["cluster_single_fix_puback"] = hist_quantiles(
+                hist_buckets(nodes[0][1], "geodwell_cluster_ingest_ack_seconds"), h0)
             res["cluster_e2e"] = e2e(nodes[0][1])
             time.sleep(6)
             res["checkpoint_bytes_per_partition"] = sum(
@@ -232,16 +267,24 @@ def main():
             # Takeover: kill -9 of node 2; the others take its partitions.
             before = settled(nodes[0][1])
             moved = [p["partition"] for p in before["partition_owners"] if p["owner"] == "g2"]
+            # Under load (20k fixes/s to node g0), so that there is input to replay.
+            bg = subprocess.Popen(
+                [BIN, "simulate", "--server", f"http://127.0.0.1:{nodes[0][1]}", "--devices", "20000",
+                 "--sites", "200", "--rate", "20000", "--duration", "30s", "--quiet", "--no-measure"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(8)
             killed_at = time.time()
             nodes[2][0].send_signal(signal.SIGKILL)
             nodes[2][0].wait()
-            after = settled(nodes[0][1])
+            after = settled(nodes[0][1], without="g2")
             detected = time.time() - killed_at
+            bg.wait()
             tk = [p["status"].get("takeover") or {} for p in after["partition_owners"] if p["partition"] in moved]
             med = lambda k: statistics.median([t.get(k, 0) for t in tk]) if tk else None
             mx = lambda k: max([t.get(k, 0) for t in tk]) if tk else None
             res["takeover"] = {
                 "partitions_moved": len(moved),
+                "lease_ttl_s": 3,
                 "all_live_again_s": round(detected, 2),
                 "restore_ms": {"median": med("restore_ms"), "max": mx("restore_ms")},
                 "suppress_ms": {"median": med("suppress_ms"), "max": mx("suppress_ms")},
@@ -260,29 +303,39 @@ def main():
                 while not stop.is_set():
                     body = json.dumps([{"device": f"w{i % 50}-{k}", "ts": t0 + i * 1000, "lat": 50.0, "lon": 10.0}
                                        for k in range(20)])
+                    s = time.time()
                     try:
                         c.request("POST", "/v1/fixes", body, {"content-type": "application/json"})
                         r = c.getresponse()
                         r.read()
-                        log.append((time.time(), r.status))
+                        log.append((s, time.time(), r.status))
                     except OSError:
-                        log.append((time.time(), 0))
+                        log.append((s, time.time(), 0))
                         c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
                     i += 1
 
             t = threading.Thread(target=poster, args=(nodes[0][1],))
             t.start()
-            time.sleep(2)
+            time.sleep(3)
             kill_at = time.time()
             nats.kill(0)
-            time.sleep(8)
+            time.sleep(12)
             stop.set()
             t.join()
-            bad = [ts for ts, st in log if st != 200 and ts >= kill_at]
+            before_kill = [e - s for s, e, st in log if e < kill_at and st == 200]
+            after = [(s, e, st) for s, e, st in log if e >= kill_at]
+            bad = [(s, e, st) for s, e, st in after if st != 200]
+            last_bad_end = max((e for _, e, _ in bad), default=kill_at)
+            first_ok = min((e for s, e, st in after if st == 200 and s >= last_bad_end), default=None)
+            slow = max((e - s for s, e, _ in after), default=0)
             res["nats_kill"] = {
-                "requests_after_kill": sum(1 for ts, _ in log if ts >= kill_at),
+                "requests_before_kill": len(before_kill),
+                "p50_ms_before_kill": round(1000 * statistics.median(before_kill), 1) if before_kill else None,
+                "requests_after_kill": len(after),
                 "refused_after_kill": len(bad),
-                "refusal_window_s": round(max(bad) - kill_at, 2) if bad else 0.0,
+                "refused_statuses": sorted({st for _, _, st in bad}),
+                "slowest_answer_after_kill_s": round(slow, 2),
+                "answered_ok_again_after_s": round(first_ok - kill_at, 2) if first_ok else None,
             }
         for p, _ in nodes:
             if p.poll() is None:

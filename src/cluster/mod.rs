@@ -93,7 +93,7 @@ impl ClusterNode {
             .as_ref()
             .ok_or_else(|| NatsError::request("start a cluster node", "no [cluster] config"))?;
         let max_age = Duration::from_millis(cfg.log_max_age.millis().max(1000) as u64);
-        let nats = nats::Nats::connect(cc, max_age, cfg.log_capacity).await?;
+        let nats = connect_patiently(cc, max_age, cfg.log_capacity).await?;
         let stop = CancellationToken::new();
         let mut tasks = Vec::new();
         start.watermark.set_external();
@@ -296,5 +296,34 @@ impl ClusterNode {
             t.abort();
         }
         let _ = tokio::time::timeout_at(deadline, self.nats.client.flush()).await;
+    }
+}
+
+/// How long a starting node keeps trying to set the cluster up while NATS is not ready yet (a
+/// JetStream cluster that has just started elects its leaders for a few seconds, and nodes
+/// started with it would otherwise exit).
+const SETUP_PATIENCE: Duration = Duration::from_secs(60);
+
+/// [`nats::Nats::connect`], tried again for up to [`SETUP_PATIENCE`] while the failure is one
+/// that time can cure (a timeout, no leader yet); a server without JetStream or a stored value
+/// that does not decode fails at once.
+async fn connect_patiently(
+    cc: &crate::config::ClusterConfig,
+    max_age: Duration,
+    log_capacity: usize,
+) -> Result<nats::Nats, NatsError> {
+    let t0 = std::time::Instant::now();
+    let mut wait = Duration::from_millis(250);
+    loop {
+        match nats::Nats::connect(cc, max_age, log_capacity).await {
+            Ok(n) => return Ok(n),
+            Err(e @ (NatsError::NoJetStream(_) | NatsError::Corrupt { .. })) => return Err(e),
+            Err(e) if t0.elapsed() < SETUP_PATIENCE => {
+                tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "NATS not ready for this node yet; trying again");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(4));
+            }
+            Err(e) => return Err(e),
+        }
     }
 }

@@ -13,10 +13,10 @@ use tempfile::TempDir;
 
 use crate::common::{BIN, Proc, listening_addr, temp_dir};
 
-/// The `nats-server` binary: `GEODWELL_TEST_NATS_SERVER`, else the first on `PATH` or in
+/// The `nats-server` binary: `TEST_NATS_SERVER`, else the first on `PATH` or in
 /// `/usr/sbin` or `/usr/bin`. The cluster tests fail, saying so, when there is none.
 pub fn nats_bin() -> String {
-    if let Ok(b) = std::env::var("GEODWELL_TEST_NATS_SERVER")
+    if let Ok(b) = std::env::var("TEST_NATS_SERVER")
         && !b.is_empty()
     {
         return b;
@@ -33,7 +33,7 @@ pub fn nats_bin() -> String {
         }
     }
     panic!(
-        "the cluster tests need nats-server (apt-get install nats-server, or set GEODWELL_TEST_NATS_SERVER)"
+        "the cluster tests need nats-server (apt-get install nats-server, or set TEST_NATS_SERVER)"
     );
 }
 
