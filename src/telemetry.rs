@@ -167,6 +167,8 @@ pub const CLUSTER_FEED_SKIPPED: &str = "geodwell_cluster_feed_skipped_total";
 pub const CLUSTER_LAG_RECORDS: &str = "geodwell_cluster_lag_records";
 /// Gauge: the oldest checkpoint among the partitions this node owns, seconds.
 pub const CLUSTER_CHECKPOINT_AGE_MAX_SECONDS: &str = "geodwell_cluster_checkpoint_age_max_seconds";
+/// Counter: batches refused because a partition they touch lags more than `ingest.shard_queue`.
+pub const CLUSTER_LAG_REFUSED: &str = "geodwell_cluster_lag_refused_total";
 /// Histogram: one batch part's publish until its PubAck.
 pub const CLUSTER_INGEST_ACK_SECONDS: &str = "geodwell_cluster_ingest_ack_seconds";
 
@@ -240,6 +242,7 @@ pub fn install() -> PrometheusHandle {
                 CLUSTER_FENCE_WRITES,
                 CLUSTER_FENCE_COMPACTIONS,
                 CLUSTER_FEED_SKIPPED,
+                CLUSTER_LAG_REFUSED,
             ] {
                 metrics::counter!(c).absolute(0);
             }
@@ -449,6 +452,10 @@ fn describe_cluster() {
         "Partitions this node owns (cluster mode; 0 otherwise)."
     );
     describe_gauge!(CLUSTER_NODES, "Live cluster nodes this node sees.");
+    describe_counter!(
+        CLUSTER_LAG_REFUSED,
+        "Batches refused (503 overloaded) because a partition they touch lags more than ingest.shard_queue records."
+    );
     describe_gauge!(
         CLUSTER_LAG_RECORDS,
         "Input records not applied yet, summed over the partitions this node owns."

@@ -18,7 +18,8 @@
 //!   stream ([`BatchAck`]): a half-stored batch, answered 503 and sent again, is judged like
 //!   one process would judge it, against the watermark from before it.
 //!
-//! Bounds: the dispatch queue (`shard_queue` parts; full: 503 `overloaded`), and at most
+//! Bounds: the dispatch queue (`shard_queue` parts per partition; full: 503 `overloaded`), each
+//! partition's lag ([`Lags`]: over `shard_queue` records, 503 `overloaded`), and at most
 //! [`MAX_IN_FLIGHT`] parts waiting for acknowledgements and outcomes.
 
 use std::collections::HashMap;
@@ -86,6 +87,47 @@ impl BatchAck {
     }
 }
 
+/// Every partition's input records not yet applied by its owner, as the owners last reported
+/// them (heartbeats, about every second). Ingest refuses a batch bound for a partition whose
+/// lag is over the bound: the input stream would otherwise take input faster than the owner
+/// applies it, without limit, and events would be late by the backlog.
+#[derive(Debug)]
+pub struct Lags {
+    lag: Vec<AtomicU64>,
+    /// The bound (`ingest.shard_queue`, records).
+    pub max: u64,
+}
+
+impl Lags {
+    /// `partitions` partitions, none lagging, bounded at `max` records.
+    pub fn new(partitions: u16, max: u64) -> Lags {
+        Lags {
+            lag: (0..partitions).map(|_| AtomicU64::new(0)).collect(),
+            max,
+        }
+    }
+
+    /// Replaces every partition's lag (those not listed: 0, their owner is gone or new).
+    pub fn set_all(&self, reported: impl IntoIterator<Item = (u16, u64)>) {
+        let mut fresh = vec![0u64; self.lag.len()];
+        for (p, l) in reported {
+            if let Some(f) = fresh.get_mut(p as usize) {
+                *f = (*f).max(l);
+            }
+        }
+        for (a, f) in self.lag.iter().zip(fresh) {
+            a.store(f, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether partition `p` is over the bound.
+    pub fn over(&self, p: usize) -> bool {
+        self.lag
+            .get(p)
+            .is_some_and(|l| l.load(Ordering::Relaxed) > self.max)
+    }
+}
+
 /// The node's ingest into the partitions' input (cheap to clone).
 #[derive(Debug, Clone)]
 pub struct ClusterIngest {
@@ -93,6 +135,8 @@ pub struct ClusterIngest {
     partitions: u16,
     /// The largest fix time of any part acknowledged by the stream (event mode's source).
     acked_max: Arc<AtomicI64>,
+    /// The partitions' lag, and its bound.
+    lags: Arc<Lags>,
 }
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Vec<Outcome>>>>>;
@@ -103,9 +147,12 @@ impl ClusterIngest {
         nats: Nats,
         node: &str,
         queue: usize,
+        lags: Arc<Lags>,
         stop: CancellationToken,
     ) -> Result<ClusterIngest, super::nats::NatsError> {
-        let (tx, rx) = mpsc::channel(queue.max(1));
+        // `queue` parts per partition, as one process queues `queue` batches per shard: a batch
+        // needs a slot for each partition it touches at once.
+        let (tx, rx) = mpsc::channel(queue.max(1) * usize::from(nats.partitions.max(1)));
         let nats_partitions = nats.partitions;
         let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
         let mut sub = nats
@@ -146,6 +193,7 @@ impl ClusterIngest {
             tx,
             partitions: nats_partitions,
             acked_max,
+            lags,
         })
     }
 
@@ -171,6 +219,14 @@ impl ClusterIngest {
         stamp: impl FnOnce(&mut [Vec<StampedFix>]) -> T,
     ) -> Result<(Vec<oneshot::Receiver<StepReply>>, T), SendError> {
         let n = parts.iter().filter(|p| !p.is_empty()).count();
+        if parts
+            .iter()
+            .enumerate()
+            .any(|(p, part)| !part.is_empty() && self.lags.over(p))
+        {
+            counter!(t::CLUSTER_LAG_REFUSED).increment(1);
+            return Err(SendError::Full);
+        }
         let permits = match self.tx.try_reserve_many(n) {
             Ok(p) => p,
             Err(mpsc::error::TrySendError::Full(_)) => return Err(SendError::Full),
@@ -458,6 +514,21 @@ mod tests {
         assert_eq!(back, all);
         assert!(decode_outcomes(&[1, 1, 9]).is_err());
         assert!(decode_outcomes(&[1, 2, 0]).is_err(), "truncated");
+    }
+
+    #[test]
+    fn a_partition_over_its_lag_bound_is_refused_and_a_gone_owner_forgotten() {
+        let l = Lags::new(4, 100);
+        l.set_all([(1, 101), (2, 100), (9, 1_000)]);
+        assert!(!l.over(0));
+        assert!(l.over(1));
+        assert!(!l.over(2), "at the bound is not over it");
+        assert!(!l.over(9), "no such partition");
+        l.set_all([(2, 5)]);
+        assert!(
+            !l.over(1),
+            "an owner no longer reporting leaves no stale lag"
+        );
     }
 
     #[test]

@@ -109,9 +109,17 @@ impl ClusterNode {
             caught_tx,
             stop.clone(),
         )));
-        let ingest =
-            ingest::ClusterIngest::start(nats.clone(), &cc.node_id, cfg.shard_queue, stop.clone())
-                .await?;
+        // A partition more than `shard_queue` records behind refuses input, like a full shard
+        // queue in one process.
+        let lags = Arc::new(ingest::Lags::new(nats.partitions, cfg.shard_queue as u64));
+        let ingest = ingest::ClusterIngest::start(
+            nats.clone(),
+            &cc.node_id,
+            cfg.shard_queue,
+            lags.clone(),
+            stop.clone(),
+        )
+        .await?;
         let partitions = nats.partitions as usize;
         let shared = Arc::new(partition::Shared {
             nats: nats.clone(),
@@ -142,6 +150,7 @@ impl ClusterNode {
                 http: start.http,
                 started_ms: start.watermark.wall().now().0,
                 runtime: runtime.clone(),
+                lags,
                 fences: fences.clone(),
                 sinks: {
                     let s = sinks.clone();

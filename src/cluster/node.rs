@@ -347,6 +347,8 @@ pub struct Membership {
     pub started_ms: i64,
     /// The partitions.
     pub runtime: Arc<Runtime>,
+    /// Every partition's lag, refreshed from the heartbeats each round.
+    pub lags: Arc<super::ingest::Lags>,
     /// The fence log (compaction, as owner of partition 0).
     pub fences: Arc<FenceLog>,
     /// The webhook sinks this node delivers (for the heartbeat).
@@ -476,6 +478,10 @@ async fn membership_round(
     rt.reap().await;
     // 3. Who is live, who holds what.
     let live = live_nodes(&m.nats).await?;
+    m.lags.set_all(
+        live.values()
+            .flat_map(|h| h.partitions.iter().map(|s| (s.partition, s.lag_records))),
+    );
     let mut nodes: Vec<String> = live.keys().cloned().collect();
     if !nodes.contains(&m.node) {
         nodes.push(m.node.clone());
