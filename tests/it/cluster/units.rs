@@ -364,6 +364,21 @@ fn named_node_config(urls: &str, node: &str) -> Config {
     cfg
 }
 
+/// Posts fixes of devices `dev-0`..`dev-9` at `secs` to `base`: the ones whose number has
+/// parity `inside` inside the yard, the others outside.
+async fn post_ten_fixes(http: &reqwest::Client, base: &str, secs: i64, inside: usize) {
+    let fixes: Vec<Value> = (0..10)
+        .map(|d| fix(&format!("dev-{d}"), secs, d % 2 == inside))
+        .collect();
+    let r = http
+        .post(format!("{base}/v1/fixes"))
+        .json(&fixes)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+}
+
 /// The nodes whose heartbeat says they deliver sink `id`.
 async fn deliverers(http: &reqwest::Client, base: &str, id: &str) -> Vec<String> {
     let v: Value = http
@@ -441,23 +456,8 @@ async fn a_webhook_is_delivered_by_one_node_and_resumed_by_another_when_it_stops
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let send = |secs: i64| {
-        let fixes: Vec<Value> = (0..10)
-            .map(|d| fix(&format!("dev-{d}"), secs, d % 2 == 0))
-            .collect();
-        let (http, ua) = (http.clone(), ub.clone());
-        async move {
-            let r = http
-                .post(format!("{ua}/v1/fixes"))
-                .json(&fixes)
-                .send()
-                .await
-                .unwrap();
-            assert!(r.status().is_success());
-        }
-    };
     for s in 0..5 {
-        send(s * 30).await;
+        post_ten_fixes(&http, &ub, s * 30, 0).await;
     }
     let first = wait_events(&http, &ub, 5).await;
     assert!(!first.is_empty());
@@ -503,23 +503,8 @@ async fn a_webhook_is_delivered_by_one_node_and_resumed_by_another_when_it_stops
     };
     gone.shutdown(Duration::from_secs(10)).await.unwrap();
     let before = got.lock().unwrap().len();
-    let send = |secs: i64| {
-        let fixes: Vec<Value> = (0..10)
-            .map(|d| fix(&format!("dev-{d}"), secs, d % 2 == 1))
-            .collect();
-        let (http, u) = (http.clone(), stay_url.clone());
-        async move {
-            let r = http
-                .post(format!("{u}/v1/fixes"))
-                .json(&fixes)
-                .send()
-                .await
-                .unwrap();
-            assert!(r.status().is_success(), "{}", r.text().await.unwrap());
-        }
-    };
     for s in 5..10 {
-        send(s * 30).await;
+        post_ten_fixes(&http, &stay_url, s * 30, 1).await;
     }
     let all = wait_events(&http, &stay_url, first.len() + 10).await;
     assert!(all.len() > first.len(), "more events after the stop");
