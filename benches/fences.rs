@@ -141,6 +141,13 @@ fn main() {
     let large_vertices: usize = large.iter().map(|f| f.1[0].len()).sum();
     let (lidx, _lidx_inc, l_validate, l_insert, l_bulk, l_bytes) = build(&limits, large);
     let indexed_parts: usize = lidx.iter().map(|(_, f)| f.indexed_parts()).sum();
+    // The costliest exact test over every large fence (edges examined, worst point).
+    let worst_test = lidx
+        .iter()
+        .map(|(_, f)| f.test_cost().worst)
+        .max()
+        .unwrap_or(0);
+    let mean_test = lidx.iter().map(|(_, f)| f.test_cost().mean).sum::<f64>() / large_n as f64;
     assert_eq!(
         indexed_parts, large_n,
         "every large fence should use the edge grid"
@@ -384,7 +391,7 @@ fn main() {
         mb(s_bytes)
     );
     println!(
-        "| build large: validate+grids / upserts / bulk load | {large_n} | | {:.0} ms / {:.1} ms / {:.1} ms; geometry+grids {:.1} MiB | |",
+        "| build large: validate+grids / upserts / bulk load | {large_n} | | {:.0} ms / {:.1} ms / {:.1} ms; geometry+grids {:.1} MiB; edges per test: worst {worst_test}, mean {mean_test:.1} | |",
         l_validate * 1e3,
         l_insert * 1e3,
         l_bulk * 1e3,
@@ -403,7 +410,8 @@ fn main() {
                   "evals_per_s_best": fixes_n as f64 / l_best,
                   "candidates_per_fix": l_cands as f64 / fixes_n as f64,
                   "hits_per_fix": l_hits as f64 / fixes_n as f64,
-                  "validate_s": l_validate, "insert_s": l_insert, "bulk_load_s": l_bulk, "geometry_bytes": l_bytes},
+                  "validate_s": l_validate, "insert_s": l_insert, "bulk_load_s": l_bulk, "geometry_bytes": l_bytes,
+                  "worst_edges_per_test": worst_test, "mean_edges_per_test": mean_test},
         "naive": {"fixes": naive_n, "indexed_evals_per_s": sub_rate, "naive_evals_per_s": naive_rate,
                   "speedup": sub_rate / naive_rate, "mismatches": mismatches},
         "z_order_evals_per_s": {"small": fixes_n as f64 / s_z_secs, "large": fixes_n as f64 / l_z_secs},

@@ -148,3 +148,82 @@ pub fn large_fixes(rng: &mut Rng, n: usize, fences: &[(String, Rings)]) -> Vec<[
         })
         .collect()
 }
+
+/// Adversarial shapes for the edge grid, each a single closed ring of about `n` vertices inside
+/// the 0.2 x 0.2 degree box at (10, 50): names and rings. They are what a careless or hostile
+/// client can upload: a star of long thin spikes (every spike edge a long diagonal), a comb of
+/// vertical teeth (every row crosses every tooth), the same comb turned 45 degrees (long
+/// diagonals and no edge-free cells), a saw of horizontal teeth and a tight spiral strip.
+pub fn adversarial_fences(n: usize) -> Vec<(String, Rings)> {
+    let (cx, cy, s) = (10.1, 50.1, 0.1);
+    let close = |mut r: Vec<[f64; 2]>| {
+        r.push(r[0]);
+        r
+    };
+    let star = {
+        let k = n / 2;
+        close(
+            (0..2 * k)
+                .map(|i| {
+                    let a = i as f64 / (2 * k) as f64 * std::f64::consts::TAU;
+                    let rad = if i % 2 == 0 { s } else { s * 0.05 };
+                    [cx + rad * a.cos(), cy + rad * a.sin()]
+                })
+                .collect(),
+        )
+    };
+    // Teeth along x from a base strip; tooth i spans [x_i, x_i + w/2] and rises to the top.
+    let comb = |teeth: usize| -> Vec<[f64; 2]> {
+        let w = 2.0 * s / teeth as f64;
+        let (x0, y0) = (cx - s, cy - s);
+        let mut r = vec![[x0, y0]];
+        r.push([x0 + 2.0 * s, y0]);
+        for i in (0..teeth).rev() {
+            let xa = x0 + i as f64 * w;
+            r.push([xa + w / 2.0, y0 + 0.1 * s]);
+            r.push([xa + w / 2.0, y0 + 2.0 * s]);
+            r.push([xa, y0 + 2.0 * s]);
+            r.push([xa, y0 + 0.1 * s]);
+        }
+        r.pop();
+        r
+    };
+    let teeth = n / 4;
+    let vcomb = close(comb(teeth));
+    let rot = |p: [f64; 2]| {
+        let (dx, dy) = (p[0] - cx, p[1] - cy);
+        let h = std::f64::consts::FRAC_1_SQRT_2;
+        [cx + (dx - dy) * h, cy + (dx + dy) * h]
+    };
+    let dcomb = close(comb(teeth).into_iter().map(rot).collect());
+    let hsaw = close(
+        comb(teeth)
+            .into_iter()
+            .map(|p| [cx + (p[1] - cy), cy + (p[0] - cx)])
+            .collect(),
+    );
+    let spiral = {
+        // An Archimedean strip: out along r = a + b t, back along r = a + b t + gap.
+        let m = n / 2;
+        let turns = (m as f64 / 250.0).max(2.0);
+        let b = s * 0.9 / (turns * std::f64::consts::TAU);
+        let gap = b * std::f64::consts::TAU * 0.5;
+        let pt = |t: f64, off: f64| {
+            let rad = s * 0.05 + b * t + off;
+            [cx + rad * t.cos(), cy + rad * t.sin()]
+        };
+        let tmax = turns * std::f64::consts::TAU;
+        let mut r: Vec<[f64; 2]> = (0..m)
+            .map(|i| pt(tmax * i as f64 / m as f64, 0.0))
+            .collect();
+        r.extend((0..m).rev().map(|i| pt(tmax * i as f64 / m as f64, gap)));
+        close(r)
+    };
+    vec![
+        ("star".into(), vec![star]),
+        ("comb".into(), vec![vcomb]),
+        ("comb-45".into(), vec![dcomb]),
+        ("saw".into(), vec![hsaw]),
+        ("spiral".into(), vec![spiral]),
+    ]
+}

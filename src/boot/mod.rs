@@ -97,6 +97,7 @@ pub fn fence_limits(cfg: &Config) -> FenceLimits {
     FenceLimits {
         max_vertices: cfg.max_vertices,
         max_tags_bytes: cfg.max_tags_bytes,
+        max_test_edges: cfg.max_test_edges,
         ..FenceLimits::default()
     }
 }
@@ -239,7 +240,9 @@ pub fn boot(cfg: &Config) -> Result<Booted, BootError> {
         None => Default::default(),
     };
     timings.load = lap();
-    let limits = fence_limits(cfg);
+    // Stored fences were validated when they were accepted: a limit lowered since (or added by
+    // a newer build) must not refuse them, nor make a replay differ.
+    let limits = FenceLimits::stored();
     let parse_one = |text: &str| -> Result<Fence, BootError> {
         let mut parsed =
             parse_fences_str(text, &limits).map_err(|errors| BootError::FencesInvalid {

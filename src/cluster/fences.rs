@@ -154,13 +154,7 @@ impl FenceLog {
             applied: watch::channel(0).0,
             // Stored changes were validated by their writer; a node with tighter limits must
             // still apply them.
-            parse: FenceLimits {
-                max_vertices: usize::MAX,
-                max_tags_bytes: usize::MAX,
-                max_radius_m: f64::MAX,
-                max_exit_buffer_m: f64::MAX,
-                ..FenceLimits::default()
-            },
+            parse: FenceLimits::stored(),
         });
         log.load_base().await?;
         let last = stream_last(&log.nats).await?;

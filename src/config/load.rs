@@ -215,6 +215,7 @@ impl Config {
             max_fences: b.count("max_fences"),
             max_vertices: b.count("max_vertices"),
             max_tags_bytes: b.count("max_tags_bytes"),
+            max_test_edges: b.count("max_test_edges"),
             max_body_bytes: b.count("max_body_bytes"),
             max_batch: b.count("max_batch"),
             max_device_len: b.count("max_device_len"),

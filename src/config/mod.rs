@@ -96,6 +96,8 @@ pub struct Config {
     pub max_vertices: usize,
     /// Largest fence `tags` value, in bytes of compact JSON.
     pub max_tags_bytes: usize,
+    /// Most polygon edges one containment test of a new fence may examine.
+    pub max_test_edges: usize,
     /// Largest request body.
     pub max_body_bytes: usize,
     /// Most fixes per request / frame.

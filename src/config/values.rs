@@ -107,6 +107,14 @@ pub(super) const SCHEMA: &[(&str, &str, Kind)] = &[
         },
     ),
     (
+        "fences",
+        "max_test_edges",
+        Kind::Count {
+            min: 256,
+            max: 100_000_000,
+        },
+    ),
+    (
         "ingest",
         "max_body_bytes",
         Kind::Count {

@@ -220,13 +220,7 @@ fn scan_checkpoint(
     report.checkpoint_shards = meta.shards;
     report.checkpoint_positions = meta.positions.iter().map(|p| p.0).collect();
     let err = |e: redb::Error| db_err(path, "check", e);
-    let limits = FenceLimits {
-        max_vertices: usize::MAX,
-        max_radius_m: f64::MAX,
-        max_exit_buffer_m: f64::MAX,
-        max_tags_bytes: usize::MAX,
-        ..FenceLimits::default()
-    };
+    let limits = FenceLimits::stored();
     {
         let t = txn.open_table(FENCES).map_err(|e| err(e.into()))?;
         for r in t.iter().map_err(|e| err(e.into()))? {

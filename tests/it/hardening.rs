@@ -797,3 +797,96 @@ async fn a_watermark_jump_releases_buffered_fixes_in_slices() {
     }
     srv.stop().await;
 }
+
+/// A closed ring of `n` vertices: a star of `n / 2` long spikes (every edge a long diagonal
+/// through the middle of the shape), or a comb of `n / 4` vertical teeth on a base strip, in
+/// the 0.2° box at (10, 50).
+fn crafted_ring(star: bool, n: usize) -> Vec<[f64; 2]> {
+    let (cx, cy, s) = (10.1, 50.1, 0.1);
+    let mut r: Vec<[f64; 2]> = if star {
+        (0..n)
+            .map(|i| {
+                let a = i as f64 / n as f64 * std::f64::consts::TAU;
+                let rad = if i % 2 == 0 { s } else { s * 0.05 };
+                [cx + rad * a.cos(), cy + rad * a.sin()]
+            })
+            .collect()
+    } else {
+        let teeth = n / 4;
+        let w = 2.0 * s / teeth as f64;
+        let (x0, y0) = (cx - s, cy - s);
+        let mut r = vec![[x0, y0], [x0 + 2.0 * s, y0]];
+        for i in (0..teeth).rev() {
+            let xa = x0 + i as f64 * w;
+            r.push([xa + w / 2.0, y0 + 0.1 * s]);
+            r.push([xa + w / 2.0, y0 + 2.0 * s]);
+            r.push([xa, y0 + 2.0 * s]);
+            r.push([xa, y0 + 0.1 * s]);
+        }
+        r.pop();
+        r
+    };
+    r.push(r[0]);
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crafted_polygon_cannot_make_fixes_inside_it_costly() {
+    // A 100,000-vertex star whose every containment test would examine tens of thousands of
+    // edges (the shape that cut ingest to 10k fixes/s) is refused with the cost in the error;
+    // a 100,000-vertex comb, costly for the old row walk (every row crosses every tooth), is
+    // accepted and costs its fixes a cell's edges: a full batch inside it is answered well
+    // within a generous bound, and its devices enter. Throughput is measured in
+    // `benches/fences_adversarial.rs`, not here.
+    let srv = start("[store]\ndurability = \"none\"\n").await;
+    let feature = |id: &str, ring: Vec<[f64; 2]>| {
+        json!({"type": "Feature", "id": id, "properties": {},
+               "geometry": {"type": "Polygon", "coordinates": [ring]}})
+    };
+    let r = srv
+        .put_fence("star", feature("star", crafted_ring(true, 99_998)))
+        .await;
+    assert_eq!(r.status().as_u16(), 422);
+    let v: Value = r.json().await.unwrap();
+    let detail = &v["error"]["details"][0];
+    assert_eq!(detail["path"], "geometry.coordinates", "{v}");
+    let msg = detail["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("containment test") && msg.contains("limit of 2048"),
+        "{v}"
+    );
+    assert_eq!(srv.get("/v1/fences/star").await.0, 404);
+
+    let r = srv
+        .put_fence("comb", feature("comb", crafted_ring(false, 99_996)))
+        .await;
+    assert_eq!(r.status().as_u16(), 201, "{:?}", r.text().await);
+    // 10,000 devices, each in the middle of a tooth (x at a quarter of the tooth's width).
+    let teeth = 99_996 / 4;
+    let w = 0.2 / teeth as f64;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let batch: Vec<Value> = (0..10_000)
+        .map(|i| {
+            let tooth = (i * 7919) % teeth;
+            json!({"device": format!("c{i}"), "ts": now,
+                   "lon": 10.0 + (tooth as f64 + 0.25) * w, "lat": 50.0 + 0.05 + 0.1 * (i as f64 / 10_000.0)})
+        })
+        .collect();
+    let started = Instant::now();
+    let (s, v) = tokio::time::timeout(Duration::from_secs(30), srv.post_fixes(Value::Array(batch)))
+        .await
+        .expect("a batch inside the comb is answered");
+    eprintln!(
+        "10,000 fixes inside the comb answered in {:?}",
+        started.elapsed()
+    );
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["accepted"], 10_000, "{v}");
+    let events = srv.events(10_000).await;
+    let enters = events.iter().filter(|e| e["type"] == "enter").count();
+    assert_eq!(enters, 10_000, "every device in a tooth entered the comb");
+    srv.stop().await;
+}

@@ -33,8 +33,8 @@ mod tests;
 pub use edges::{EARTH_RADIUS_M, EDGE_INDEX_THRESHOLD};
 pub use index::FenceIndex;
 pub use parse::{
-    FenceError, FenceErrorKind, FenceErrors, FenceLimits, KNOWN_PROPERTIES, parse_fences,
-    parse_fences_str,
+    DEFAULT_MAX_TEST_EDGES, FenceError, FenceErrorKind, FenceErrors, FenceLimits, KNOWN_PROPERTIES,
+    parse_fences, parse_fences_str,
 };
 
 use edges::{M_PER_DEG, PolyPart};
@@ -181,6 +181,15 @@ impl Circle {
     }
 }
 
+/// What one containment test of a fence costs, in edges examined ([`Fence::test_cost`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TestCost {
+    /// Most edges examined for any point of the fence's area.
+    pub worst: usize,
+    /// Edges examined on average for a point uniform in the bounding box.
+    pub mean: f64,
+}
+
 impl Fence {
     /// Boundary-inclusive containment of (lon, lat): polygons include their boundary and their
     /// holes' boundaries; circles include points at exactly `radius_m`. Longitudes ±180 are the
@@ -299,6 +308,29 @@ impl Fence {
                 .iter()
                 .map(|p| p.heap_bytes() + std::mem::size_of::<PolyPart>())
                 .sum::<usize>(),
+        }
+    }
+
+    /// The cost of one exact containment test, in polygon edges examined: the worst case over
+    /// the fence's area and the mean for a point uniform in a part's bounding box (of the
+    /// costliest part). A circle costs 1.
+    pub fn test_cost(&self) -> TestCost {
+        match &self.shape {
+            Shape::Circle(_) => TestCost {
+                worst: 1,
+                mean: 1.0,
+            },
+            Shape::Polygons { parts, .. } => parts
+                .iter()
+                .map(|p| {
+                    let (worst, mean) = p.test_cost();
+                    TestCost { worst, mean }
+                })
+                .max_by_key(|c| c.worst)
+                .unwrap_or(TestCost {
+                    worst: 0,
+                    mean: 0.0,
+                }),
         }
     }
 

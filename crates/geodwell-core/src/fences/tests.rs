@@ -1138,3 +1138,132 @@ fn point_grid_candidates_equal_the_rtree_under_changes() {
         assert_eq!(a, b, "bulk at {p:?}");
     }
 }
+
+/// Shapes crafted against a uniform edge grid, each one closed ring of about `n` vertices in
+/// the 0.2° box at (10, 50): a star of long spikes, a comb of vertical teeth, the comb turned
+/// 45° and a saw of horizontal teeth.
+fn crafted(n: usize) -> Vec<(&'static str, Vec<[f64; 2]>)> {
+    let (cx, cy, s) = (10.1, 50.1, 0.1);
+    let close = |mut r: Vec<[f64; 2]>| {
+        r.push(r[0]);
+        r
+    };
+    let star = (0..n)
+        .map(|i| {
+            let a = i as f64 / n as f64 * std::f64::consts::TAU;
+            let rad = if i % 2 == 0 { s } else { s * 0.05 };
+            [cx + rad * a.cos(), cy + rad * a.sin()]
+        })
+        .collect();
+    let comb = || {
+        let teeth = n / 4;
+        let w = 2.0 * s / teeth as f64;
+        let (x0, y0) = (cx - s, cy - s);
+        let mut r = vec![[x0, y0], [x0 + 2.0 * s, y0]];
+        for i in (0..teeth).rev() {
+            let xa = x0 + i as f64 * w;
+            r.extend([
+                [xa + w / 2.0, y0 + 0.1 * s],
+                [xa + w / 2.0, y0 + 2.0 * s],
+                [xa, y0 + 2.0 * s],
+                [xa, y0 + 0.1 * s],
+            ]);
+        }
+        r.pop();
+        r
+    };
+    let h = std::f64::consts::FRAC_1_SQRT_2;
+    let turned = comb()
+        .into_iter()
+        .map(|p| {
+            let (dx, dy) = (p[0] - cx, p[1] - cy);
+            [cx + (dx - dy) * h, cy + (dx + dy) * h]
+        })
+        .collect();
+    let saw = comb()
+        .into_iter()
+        .map(|p| [cx + (p[1] - cy), cy + (p[0] - cx)])
+        .collect();
+    vec![
+        ("star", close(star)),
+        ("comb", close(comb())),
+        ("comb-45", close(turned)),
+        ("saw", close(saw)),
+    ]
+}
+
+#[test]
+fn crafted_shapes_are_answered_exactly_and_their_cost_is_bounded_or_refused() {
+    let relaxed = FenceLimits {
+        max_test_edges: usize::MAX,
+        ..limits()
+    };
+    let mut rng = 0x2545_F491_4F6C_DD1Du64;
+    let mut unit = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng >> 11) as f64 / (1u64 << 53) as f64
+    };
+    for (name, ring) in crafted(20_000) {
+        let f = Fence::new_polygon(
+            name,
+            std::slice::from_ref(&vec![ring.clone()]),
+            FenceSettings::default(),
+            &relaxed,
+        )
+        .expect("valid");
+        assert_eq!(f.indexed_parts(), 1, "{name}");
+        let cost = f.test_cost();
+        assert!(cost.mean <= cost.worst as f64, "{name}: {cost:?}");
+        // Under the default limit: accepted exactly when the costliest test is within it.
+        match Fence::new_polygon(
+            name,
+            std::slice::from_ref(&vec![ring.clone()]),
+            FenceSettings::default(),
+            &limits(),
+        ) {
+            Ok(_) => assert!(cost.worst <= DEFAULT_MAX_TEST_EDGES, "{name}: {cost:?}"),
+            Err(e) => {
+                assert!(cost.worst > DEFAULT_MAX_TEST_EDGES, "{name}: {cost:?}");
+                assert!(
+                    matches!(e.0[0].kind, FenceErrorKind::TooCostly { edges, max }
+                        if edges == cost.worst && max == DEFAULT_MAX_TEST_EDGES),
+                    "{name}: {e:?}"
+                );
+            }
+        }
+        // The grid answers exactly, at random points, vertices and edge midpoints.
+        let b = f.envelopes()[0];
+        for _ in 0..3000 {
+            let (x, y) = (b[0] + unit() * (b[2] - b[0]), b[1] + unit() * (b[3] - b[1]));
+            assert_eq!(
+                f.contains(x, y),
+                f.contains_unindexed(x, y),
+                "{name} at {x},{y}"
+            );
+        }
+        for w in ring.windows(2).step_by(7) {
+            let m = [(w[0][0] + w[1][0]) / 2.0, (w[0][1] + w[1][1]) / 2.0];
+            for p in [w[0], m] {
+                assert_eq!(
+                    f.contains(p[0], p[1]),
+                    f.contains_unindexed(p[0], p[1]),
+                    "{name} at {p:?}"
+                );
+            }
+        }
+    }
+    // The walk-defeating combs and saw are cheap now; the star of long spikes is what the limit
+    // is for.
+    let cost = |name: &str| {
+        let ring = crafted(20_000).into_iter().find(|s| s.0 == name).unwrap().1;
+        Fence::new_polygon(name, &[vec![ring]], FenceSettings::default(), &relaxed)
+            .unwrap()
+            .test_cost()
+            .worst
+    };
+    assert!(cost("comb") < 1000, "{}", cost("comb"));
+    assert!(cost("saw") < 1000, "{}", cost("saw"));
+    assert!(cost("star") > DEFAULT_MAX_TEST_EDGES, "{}", cost("star"));
+}

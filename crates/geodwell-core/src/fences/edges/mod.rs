@@ -7,11 +7,12 @@
 //!   with the even-odd rule, which equals "in the exterior and in no hole" for a valid polygon.
 //! - Edge `j` runs from position `j` to position `j + 1` and exists for every `j` that is not the
 //!   last position of its ring.
-//! - The edge grid, when present, lists in every cell each edge whose bounding box meets the
-//!   cell (cells are the preimages of the monotone `col_of` / `row_of` maps, so "meets" is exact),
-//!   and for every cell no edge meets, whether the cell is inside. The indexed test evaluates
-//!   the same exact per-edge predicate as the plain scan and provably returns the same answer
-//!   bit for bit; the argument is written out at [`Grid`] and in `docs/fences.md`.
+//! - The edge grid, when present, lists in every cell each edge that meets the cell (the
+//!   edge's part within each row it crosses, widened against rounding; cells are the preimages
+//!   of the monotone `col_of` / `row_of` maps), and per cell the inside state of a reference
+//!   point. The indexed test evaluates the same exact per-edge predicates as the plain scan
+//!   and provably returns the same answer bit for bit; the argument is written out at [`Grid`]
+//!   and in `docs/fences.md`.
 //!
 //! This module keeps the storage, the plain scan, the per-edge predicate and the distances; the
 //! edge grid (its layout, construction and indexed test) is the submodule `grid`.
@@ -293,6 +294,15 @@ impl PolyPart {
     }
 
     /// Whether the edge grid was built.
+    /// Edges a containment test examines: `(worst, mean)` over the bounding box (the plain
+    /// scan: every edge).
+    pub(crate) fn test_cost(&self) -> (usize, f64) {
+        match &self.grid {
+            Some(g) => g.cost,
+            None => (self.edge_count(), self.edge_count() as f64),
+        }
+    }
+
     pub(crate) fn is_indexed(&self) -> bool {
         self.grid.is_some()
     }
@@ -394,7 +404,7 @@ impl PolyPart {
                 let mut c = clo.max(0);
                 while c <= chi.min(nx - 1) {
                     for e in g.cell((r * nx + c) as usize).1 {
-                        best = best.min(d2(e.j as usize));
+                        best = best.min(d2(e.edge()));
                     }
                     c = if full || c == chi { c + 1 } else { chi };
                 }

@@ -82,6 +82,17 @@ pub enum FenceErrorKind {
         /// The limit.
         max: usize,
     },
+    /// A polygon part whose containment test could examine more than
+    /// [`FenceLimits::max_test_edges`](crate::fences::FenceLimits::max_test_edges) edges.
+    #[error(
+        "a containment test of this polygon could examine {edges} edges at its costliest point, above the limit of {max}: simplify it or split it into smaller polygons (long thin spikes or teeth crossing the whole shape are what make it costly)"
+    )]
+    TooCostly {
+        /// Edges examined at the costliest point.
+        edges: usize,
+        /// The limit.
+        max: usize,
+    },
     /// An edge spanning more than 180° of longitude (a polygon crossing the antimeridian).
     #[error(
         "edge from longitude {from} to {to} spans more than 180°: polygons may not cross the antimeridian; split the polygon at ±180° into a MultiPolygon (RFC 7946 §3.1.9)"

@@ -120,6 +120,22 @@ fn check_vertex_count(count: usize, path: &str, limits: &FenceLimits, errs: &mut
     true
 }
 
+/// Refuses a part whose costliest containment test exceeds the limit.
+fn check_cost(part: &PolyPart, path: &str, limits: &FenceLimits, errs: &mut Errs) -> bool {
+    let (edges, _) = part.test_cost();
+    if edges > limits.max_test_edges {
+        errs.push(
+            path.to_string(),
+            FenceErrorKind::TooCostly {
+                edges,
+                max: limits.max_test_edges,
+            },
+        );
+        return false;
+    }
+    true
+}
+
 /// Validates the geometry (and `radius_m` for a circle).
 pub(super) fn check_geometry(
     geom: Option<&Geometry>,
@@ -175,8 +191,12 @@ pub(super) fn check_geometry(
                 return None;
             }
             let rings = check_polygon(coordinates, &cpath, errs)?;
+            let part = PolyPart::new(rings, limits.index_threshold);
+            if !check_cost(&part, &cpath, limits, errs) {
+                return None;
+            }
             Some(Shape::Polygons {
-                parts: vec![Arc::new(PolyPart::new(rings, limits.index_threshold))],
+                parts: vec![Arc::new(part)],
                 multi: false,
             })
         }
@@ -200,11 +220,14 @@ pub(super) fn check_geometry(
             if !ok {
                 return None;
             }
-            Some(Shape::Polygons {
-                parts: parts
-                    .into_iter()
-                    .map(|r| Arc::new(PolyPart::new(r, limits.index_threshold)))
-                    .collect(),
+            let mut built = Vec::with_capacity(parts.len());
+            for (i, rings) in parts.into_iter().enumerate() {
+                let part = PolyPart::new(rings, limits.index_threshold);
+                ok &= check_cost(&part, &format!("{cpath}[{i}]"), limits, errs);
+                built.push(Arc::new(part));
+            }
+            ok.then_some(Shape::Polygons {
+                parts: built,
                 multi: true,
             })
         }

@@ -32,6 +32,12 @@ use geometry::check_geometry;
 use properties::parse_props;
 use serialize::{positions, props_json};
 
+/// Default of [`FenceLimits::max_test_edges`]. An entry costs about 2 ns when its latitude
+/// range lets the test skip it and about 25 ns when it needs the exact predicates (long edges
+/// crossing the cell), so this bounds a test at roughly 50 µs on this project's benchmark
+/// machine (`docs/bench-fences.md`); ragged 10k-80k-vertex coastlines need at most 82.
+pub const DEFAULT_MAX_TEST_EDGES: usize = 2048;
+
 /// Size limits applied while validating fences.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FenceLimits {
@@ -46,13 +52,34 @@ pub struct FenceLimits {
     pub max_errors: usize,
     /// Largest `tags` value, in bytes of compact JSON (tags are copied into every event).
     pub max_tags_bytes: usize,
+    /// Most polygon edges one containment test may examine, at the worst point of a part
+    /// ([`Fence::test_cost`](crate::fences::Fence::test_cost)): bounds the work a fix costs
+    /// inside a crafted polygon (long spikes or teeth crossing the whole shape).
+    pub max_test_edges: usize,
     /// Polygon parts with at least this many edges get the edge grid (tests lower it to
     /// exercise the index on small polygons).
     pub index_threshold: usize,
 }
 
+impl FenceLimits {
+    /// Limits for fences read back from a store or a shared log: they were validated by their
+    /// writer, so a node with tighter limits (or a newer build with a new limit) must still
+    /// apply them, the same way on every replay. Only the index threshold stays as it is.
+    pub fn stored() -> FenceLimits {
+        FenceLimits {
+            max_vertices: usize::MAX,
+            max_radius_m: f64::MAX,
+            max_exit_buffer_m: f64::MAX,
+            max_tags_bytes: usize::MAX,
+            max_test_edges: usize::MAX,
+            ..FenceLimits::default()
+        }
+    }
+}
+
 impl Default for FenceLimits {
-    /// 100,000 vertices, 1,000 km radius, 100 km exit buffer, 100 errors, 4 KiB of tags, index
+    /// 100,000 vertices, 1,000 km radius, 100 km exit buffer, 100 errors, 4 KiB of tags,
+    /// [`DEFAULT_MAX_TEST_EDGES`] edges per containment test, index
     /// from [`EDGE_INDEX_THRESHOLD`] edges.
     fn default() -> FenceLimits {
         FenceLimits {
@@ -61,6 +88,7 @@ impl Default for FenceLimits {
             max_exit_buffer_m: 100_000.0,
             max_errors: 100,
             max_tags_bytes: 4096,
+            max_test_edges: DEFAULT_MAX_TEST_EDGES,
             index_threshold: EDGE_INDEX_THRESHOLD,
         }
     }
