@@ -798,36 +798,18 @@ async fn a_watermark_jump_releases_buffered_fixes_in_slices() {
     srv.stop().await;
 }
 
-/// A closed ring of `n` vertices: a star of `n / 2` long spikes (every edge a long diagonal
-/// through the middle of the shape), or a comb of `n / 4` vertical teeth on a base strip, in
-/// the 0.2° box at (10, 50).
-fn crafted_ring(star: bool, n: usize) -> Vec<[f64; 2]> {
-    let (cx, cy, s) = (10.1, 50.1, 0.1);
-    let mut r: Vec<[f64; 2]> = if star {
-        (0..n)
-            .map(|i| {
-                let a = i as f64 / n as f64 * std::f64::consts::TAU;
-                let rad = if i % 2 == 0 { s } else { s * 0.05 };
-                [cx + rad * a.cos(), cy + rad * a.sin()]
-            })
-            .collect()
-    } else {
-        let teeth = n / 4;
-        let w = 2.0 * s / teeth as f64;
-        let (x0, y0) = (cx - s, cy - s);
-        let mut r = vec![[x0, y0], [x0 + 2.0 * s, y0]];
-        for i in (0..teeth).rev() {
-            let xa = x0 + i as f64 * w;
-            r.push([xa + w / 2.0, y0 + 0.1 * s]);
-            r.push([xa + w / 2.0, y0 + 2.0 * s]);
-            r.push([xa, y0 + 2.0 * s]);
-            r.push([xa, y0 + 0.1 * s]);
-        }
-        r.pop();
-        r
-    };
-    r.push(r[0]);
-    r
+/// The crafted shapes of the fence benchmarks (`benches/fences_adversarial.rs`), so the test and
+/// the figures in `docs/bench-fences.md` are about the same polygons.
+#[path = "../../benches/common/fencegen.rs"]
+mod fencegen;
+
+/// Ring `name` of `fencegen::adversarial_fences(n)`.
+fn crafted_ring(name: &str, n: usize) -> Vec<[f64; 2]> {
+    fencegen::adversarial_fences(n)
+        .into_iter()
+        .find(|(id, _)| id == name)
+        .and_then(|(_, mut rings)| rings.pop())
+        .expect("a shape of the generator")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -844,7 +826,7 @@ async fn a_crafted_polygon_cannot_make_fixes_inside_it_costly() {
                "geometry": {"type": "Polygon", "coordinates": [ring]}})
     };
     let r = srv
-        .put_fence("star", feature("star", crafted_ring(true, 99_998)))
+        .put_fence("star", feature("star", crafted_ring("star", 99_996)))
         .await;
     assert_eq!(r.status().as_u16(), 422);
     let v: Value = r.json().await.unwrap();
@@ -858,7 +840,7 @@ async fn a_crafted_polygon_cannot_make_fixes_inside_it_costly() {
     assert_eq!(srv.get("/v1/fences/star").await.0, 404);
 
     let r = srv
-        .put_fence("comb", feature("comb", crafted_ring(false, 99_996)))
+        .put_fence("comb", feature("comb", crafted_ring("comb", 99_996)))
         .await;
     assert_eq!(r.status().as_u16(), 201, "{:?}", r.text().await);
     // 10,000 devices, each in the middle of a tooth (x at a quarter of the tooth's width).
