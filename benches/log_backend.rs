@@ -1,8 +1,9 @@
 //! The input log's backend, measured (docs/store.md): the same appends, each made durable before
 //! the next, into (a) a redb table (`u64 -> bytes`, one write transaction with
-//! `Durability::Immediate` per append) and (b) a plain file (`write_all` + `fdatasync`), side by
-//! side in one run, for record sizes of one fix (~100 B), a small batch (20 KB) and a large one
-//! (200 KB).
+//! `Durability::Immediate` per append), (b) a plain file (`write_all` + `fdatasync`) and (c) the
+//! store's journal (`geodwell::store::journal::Journal`: the plain file with a CRC-32 and a
+//! commit number per record, segments of 64 MiB), side by side in one run, for record sizes of
+//! one fix (~100 B), a small batch (20 KB) and a large one (200 KB).
 //!
 //!   cargo bench --bench log_backend [-- --appends N]
 
@@ -96,6 +97,13 @@ fn main() {
                 f.sync_data().unwrap();
             }));
         }
+        {
+            let jdir = dir.path().join(format!("journal-{size}"));
+            let (mut j, _) = geodwell::store::journal::Journal::open(&jdir, 0).unwrap();
+            rows.push(run("journal (file + CRC, fdatasync)", size, n, |_, rec| {
+                j.append(rec, true).unwrap();
+            }));
+        }
     }
     println!("\n{appends} durable appends per size (200 KB: a quarter), one after another\n");
     println!("| backend | record bytes | p50 ms | p99 ms | MB/s |");
@@ -112,11 +120,14 @@ fn main() {
                 .find(|r| r.size == size && r.backend.starts_with(b))
                 .unwrap()
         };
-        let (redb, file) = (pick("redb"), pick("file"));
+        let (redb, file, journal) = (pick("redb"), pick("file"), pick("journal"));
         println!(
-            "{size} B: redb p50 {:.2}x the file's, throughput {:.2}x",
+            "{size} B: redb p50 {:.2}x the file's, p99 {:.2}x, throughput {:.2}x; the journal p50 {:.2}x the file's, p99 {:.2}x",
             redb.p50_ms / file.p50_ms,
-            redb.mb_s / file.mb_s
+            redb.p99_ms / file.p99_ms,
+            redb.mb_s / file.mb_s,
+            journal.p50_ms / file.p50_ms,
+            journal.p99_ms / file.p99_ms
         );
     }
 }

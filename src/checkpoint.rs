@@ -155,7 +155,10 @@ pub fn spawn(
     let handle = tokio::runtime::Handle::current();
     let thread = std::thread::Builder::new()
         .name("geodwell-checkpoint".into())
-        .spawn(move || write_loop(storage, log, publisher, rx, st, handle, stop))
+        .spawn(move || {
+            crate::machine::lower_thread_priority();
+            write_loop(storage, log, publisher, rx, st, handle, stop)
+        })
         .expect("the checkpoint thread starts");
     (Checkpointer { tx, status }, thread)
 }

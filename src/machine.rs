@@ -40,6 +40,20 @@ pub fn default_queued_bytes(memory: Option<u64>) -> usize {
     memory.map_or(256 * MIB, |m| (m / 16).clamp(64 * MIB, 1024 * MIB)) as usize
 }
 
+/// Lowers the calling thread's CPU priority (nice +10 for this thread only, on Linux) so that
+/// background work (checkpoint writing) yields the cores to the shards,
+/// the publisher and the HTTP workers when the machine is busy, and still runs at full speed
+/// when it is not. Best effort: a failure is ignored (the work runs at normal priority).
+pub fn lower_thread_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: `gettid` has no preconditions; `setpriority` on our own thread id only changes
+    // this thread's nice value.
+    unsafe {
+        let tid = libc::gettid();
+        let _ = libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 10);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

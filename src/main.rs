@@ -165,6 +165,11 @@ fn real_main() -> anyhow::Result<()> {
                     data_dir.display(),
                     geodwell::store::SCHEMA_VERSION
                 ),
+                geodwell::store::Migrated::FromV2 => println!(
+                    "{}: migrated from version 2 to {} (the same tables; commits now go through a journal)",
+                    data_dir.display(),
+                    geodwell::store::SCHEMA_VERSION
+                ),
                 geodwell::store::Migrated::FromV1 { fences, devices } => println!(
                     "{}: migrated from version 1 to {}: {fences} fences and {devices} devices are the first checkpoint",
                     data_dir.display(),

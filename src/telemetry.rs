@@ -104,6 +104,14 @@ pub const STORE_CHECKPOINT_BYTES: &str = "geodwell_store_checkpoint_bytes";
 pub const STORE_CHECKPOINT_AGE_SECONDS: &str = "geodwell_store_checkpoint_age_seconds";
 /// Failed state store commits (data kept and retried).
 pub const STORE_COMMIT_FAILURES: &str = "geodwell_store_commit_failures_total";
+/// Bytes of the store's journal on disk.
+pub const STORE_JOURNAL_BYTES: &str = "geodwell_store_journal_bytes";
+/// Bytes of journaled commits not yet written into the live store file.
+pub const STORE_APPLY_BACKLOG_BYTES: &str = "geodwell_store_apply_backlog_bytes";
+/// Duration of one applier transaction (journaled commits into the live file), seconds.
+pub const STORE_APPLY_SECONDS: &str = "geodwell_store_apply_seconds";
+/// Applier transactions that failed (retried; the commits stay in the journal).
+pub const STORE_APPLY_FAILURES: &str = "geodwell_store_apply_failures_total";
 /// Events delivered to a webhook receiver (2xx), by `sink`.
 pub const WEBHOOK_SENT: &str = "geodwell_webhook_sent_total";
 /// Failed webhook attempts (non-2xx, timeout, connection error), by `sink`.
@@ -228,6 +236,7 @@ pub fn install() -> PrometheusHandle {
                 STORE_LOG_APPENDED_BYTES,
                 STORE_CHECKPOINTS,
                 STORE_CHECKPOINT_FAILURES,
+                STORE_APPLY_FAILURES,
                 CLUSTER_TAKEOVERS,
                 CLUSTER_LEASES_LOST,
                 CLUSTER_PARTITION_FAILURES,
@@ -254,12 +263,15 @@ pub fn install() -> PrometheusHandle {
                 STORE_CHECKPOINT_DEVICES,
                 STORE_CHECKPOINT_BYTES,
                 STORE_CHECKPOINT_AGE_SECONDS,
+                STORE_JOURNAL_BYTES,
+                STORE_APPLY_BACKLOG_BYTES,
             ] {
                 metrics::gauge!(g).set(0.0);
             }
             // Histograms are exported once registered, empty until their first sample.
             for h in [
                 STORE_CHECKPOINT_SECONDS,
+                STORE_APPLY_SECONDS,
                 CLUSTER_CHECKPOINT_SECONDS,
                 CLUSTER_PUBLISH_SECONDS,
                 CLUSTER_INGEST_ACK_SECONDS,
@@ -416,6 +428,25 @@ fn describe() {
     describe_counter!(
         STORE_COMMIT_FAILURES,
         "Failed state store commits (data kept, retried)."
+    );
+    describe_gauge!(
+        STORE_JOURNAL_BYTES,
+        Unit::Bytes,
+        "Size of the store's journal: commits not yet known to be in the live file (a segment is removed once it is)."
+    );
+    describe_gauge!(
+        STORE_APPLY_BACKLOG_BYTES,
+        Unit::Bytes,
+        "Journaled commits held in memory until they are written into the live store file (bounded: 256 MiB)."
+    );
+    describe_histogram!(
+        STORE_APPLY_SECONDS,
+        Unit::Seconds,
+        "Duration of one background transaction writing journaled commits into the live store file."
+    );
+    describe_counter!(
+        STORE_APPLY_FAILURES,
+        "Background transactions into the live store file that failed (the commits stay in the journal and are retried)."
     );
     describe_counter!(
         WEBHOOK_SENT,

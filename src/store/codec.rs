@@ -166,6 +166,13 @@ impl<'a> Reader<'a> {
         Ok(n as usize)
     }
 
+    pub(crate) fn bytes(&mut self) -> Result<&'a [u8], DecodeError> {
+        let n = self.len()?;
+        let bytes = &self.b[self.at..self.at + n];
+        self.at += n;
+        Ok(bytes)
+    }
+
     pub(crate) fn str(&mut self) -> Result<&'a str, DecodeError> {
         let n = self.len()?;
         let bytes = &self.b[self.at..self.at + n];

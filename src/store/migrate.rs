@@ -1,6 +1,8 @@
 //! `geodwell store migrate`: converts a version-1 store, which rewrote every device's state in
 //! the live file, to this layout (the state as the first checkpoint in `checkpoint.redb`, an
-//! empty input log in the live file).
+//! empty input log in the live file); a version-2 store (no journal) only gets its version
+//! number, since version 3 adds the journal beside the same tables and a version-2 build must
+//! not open a store whose newest commits may be in a journal it does not know.
 //!
 //! Order, so that a crash at any point leaves a store the next `migrate` finishes: the
 //! checkpoint is written (and fsync'd) first, from the version-1 tables; only then is the live
@@ -28,6 +30,8 @@ const V1_DEVICES: TableDefinition<&str, &[u8]> = TableDefinition::new("devices")
 pub enum Migrated {
     /// The store already had this version; nothing was changed.
     AlreadyCurrent,
+    /// A version-2 store was marked version 3 (same tables; the journal is new).
+    FromV2,
     /// A version-1 store was converted: its fences and devices are the first checkpoint.
     FromV1 {
         /// Fences moved.
@@ -37,7 +41,7 @@ pub enum Migrated {
     },
 }
 
-/// Converts the store in `dir` to [`SCHEMA_VERSION`] if it is version 1.
+/// Converts the store in `dir` to [`SCHEMA_VERSION`] if it is version 1 or 2.
 pub fn migrate(dir: &Path) -> Result<Migrated, StoreError> {
     let path = dir.join(FILE_NAME);
     if !path.exists() {
@@ -54,6 +58,20 @@ pub fn migrate(dir: &Path) -> Result<Migrated, StoreError> {
             Err(e) => return Err(e),
         }
     };
+    if version == 2 {
+        let txn = db
+            .begin_write()
+            .map_err(|e| db_err(&path, "begin write", e))?;
+        {
+            let mut m = txn
+                .open_table(META)
+                .map_err(|e| db_err(&path, "write meta", e))?;
+            m.insert(K_SCHEMA, SCHEMA_VERSION.to_le_bytes().as_slice())
+                .map_err(|e| db_err(&path, "write meta", e))?;
+        }
+        txn.commit().map_err(|e| db_err(&path, "commit", e))?;
+        return Ok(Migrated::FromV2);
+    }
     if version != 1 {
         return Err(StoreError::SchemaMismatch {
             path,

@@ -1,9 +1,11 @@
-//! Durable state on redb, two files in the data directory:
+//! Durable state in the data directory: two redb files and a journal in front of one.
 //!
+//! - `journal/`, the journal ([`journal`]): every commit is one append to it, `fdatasync`'d,
+//!   and is durable from then on; the applier ([`apply`]) writes the journaled commits into the
+//!   live file in the background, and a start applies what it had not.
 //! - `geodwell.redb`, the live file: the **input log** (every shard's records, `input.rs`, and
 //!   the fence changes), the event log, the event-mode watermark source, delivery cursors and
-//!   webhook state. Every ingest commit goes here: appends proportional to the input, never a
-//!   rewrite of state.
+//!   webhook state. Appends proportional to the input, never a rewrite of state.
 //! - `checkpoint.redb` ([`checkpoint`]): the engines' state at a point of each shard's log,
 //!   written in the background.
 //!
@@ -21,21 +23,24 @@
 //!   transaction that creates the tables. A file with another version, without one, or that
 //!   redb cannot read is refused with a [`StoreError`]: the store is never silently reset; a
 //!   version-1 store is converted only by `geodwell store migrate`.
-//! - Every commit is one redb write transaction: after a crash the store holds exactly the
-//!   batches whose commit returned (with [`Flush::Fsync`]), each entirely or not at all.
-//! - A failed commit changes nothing; the store reopens its redb handle on the next commit if
+//! - Every commit is one journal record: after a crash the store holds exactly the batches whose
+//!   commit returned (with [`Flush::Fsync`]), each entirely or not at all, in order; the live
+//!   file holds a prefix of them (`meta.journal_applied`), the journal the rest.
+//! - A failed commit changes nothing; the live file's handle is reopened on the next write if
 //!   redb refuses further writes after an I/O error.
 //! - `events` keys are `seq`s; the stored range is contiguous as long as callers append
 //!   contiguous `seq`s and trim only from the front ([`check`] verifies it).
 //!
 //! See `docs/store.md` for the encodings, durability modes and failure behaviour.
 
+mod apply;
 mod batch;
 mod check;
 pub mod checkpoint;
 pub(crate) mod codec;
 mod events;
 pub mod input;
+pub mod journal;
 mod migrate;
 #[cfg(test)]
 mod tests;
@@ -43,8 +48,8 @@ mod webhooks;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 use thiserror::Error;
@@ -58,7 +63,7 @@ pub use webhooks::{WEBHOOK_CURSOR_PREFIX, WebhookBatch, WebhookSnapshot, webhook
 
 /// The layout version this build reads and writes. Bump it on any change to the tables or to an
 /// encoding (see `codec.rs`); a store of another version is refused, never reinterpreted.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// The file name of the store inside the data directory.
 pub const FILE_NAME: &str = "geodwell.redb";
@@ -74,6 +79,8 @@ pub(crate) const K_SCHEMA: &str = "schema_version";
 pub(crate) const K_WATERMARK: &str = "watermark";
 pub(crate) const K_MAX_SEEN: &str = "max_seen";
 pub(crate) const K_NEXT_SEQ: &str = "next_seq";
+/// The last journal commit the live file holds (absent: 0).
+pub(crate) const K_JOURNAL_APPLIED: &str = "journal_applied";
 
 /// Whether a commit waits for the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -149,6 +156,20 @@ pub enum StoreError {
         /// Why.
         detail: String,
     },
+    /// A file of the journal could not be read or written (a full disk lands here).
+    #[error("store {path}: {op} failed: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// What was being done.
+        op: &'static str,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// Journaled commits could not be written to the live file in time (a reader, or a commit
+    /// waiting for room in the backlog, gave up).
+    #[error("the store is behind: {0}")]
+    Applying(String),
     /// redb failed (I/O errors such as a full disk or a read-only file land here).
     #[error("store {path}: {op} failed: {source}")]
     Db {
@@ -162,7 +183,7 @@ pub enum StoreError {
 }
 
 fn schema_hint(found: u32, expected: u32) -> &'static str {
-    if found == 1 && expected == 2 {
+    if (1..expected).contains(&found) {
         "convert it with `geodwell store migrate --data-dir DIR` (the store is never converted \
          or reset automatically)"
     } else {
@@ -177,7 +198,9 @@ impl StoreError {
             StoreError::Db { source, .. } => {
                 matches!(&**source, redb::Error::Io(e) if e.kind() == std::io::ErrorKind::StorageFull)
             }
-            StoreError::DataDir { source, .. } => source.kind() == std::io::ErrorKind::StorageFull,
+            StoreError::DataDir { source, .. } | StoreError::Io { source, .. } => {
+                source.kind() == std::io::ErrorKind::StorageFull
+            }
             _ => false,
         }
     }
@@ -272,13 +295,16 @@ pub struct StoreStats {
     pub failed_commits: u64,
     /// Times the redb handle was reopened after a failure.
     pub reopens: u64,
+    /// The last journal commit the live file holds.
+    pub applied: u64,
+    /// Bytes of the journal on disk.
+    pub journal_bytes: u64,
 }
 
-/// An open store. Thread-safe: share it in an `Arc`. Commits are serialized; loads run
-/// concurrently with them on a consistent snapshot.
-pub struct Store {
+/// The live redb file and what writing it needs; shared with the applier thread.
+pub(crate) struct Live {
     path: PathBuf,
-    /// `None` after a failed reopen; [`Store::commit`] tries again.
+    /// `None` after a failed reopen; the next write tries again.
     db: Mutex<Option<Database>>,
     commits: AtomicU64,
     failed_commits: AtomicU64,
@@ -289,157 +315,28 @@ pub struct Store {
     /// Commits never trim events at or above this seq either: a replay after the latest
     /// checkpoint may produce them again, and must find them to keep their `seq`.
     replay_floor: AtomicU64,
-    /// The checkpoint file.
-    checkpoints: CheckpointStore,
 }
 
-impl fmt::Debug for Store {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Store")
-            .field("path", &self.path)
-            .field("stats", &self.stats())
-            .finish()
-    }
-}
-
-fn open_db(path: &Path) -> Result<Database, StoreError> {
-    // The live file is appended to and read back only at start (and by lagging webhook sinks):
-    // a small cache is enough, and keeps redb's page cache from growing with the input.
-    guarded_open(path, || {
-        Database::builder().set_cache_size(4 << 20).create(path)
-    })
-}
-
-impl Store {
-    /// Opens the store in `dir`, creating the directory and an empty store if missing. Fails
-    /// with a clear error on a store of another schema version, a damaged or foreign file, a
-    /// directory that cannot be created, read or written, a full disk, or a store another
-    /// process has open. Never resets existing data.
-    pub fn open(dir: &Path) -> Result<Store, StoreError> {
-        std::fs::create_dir_all(dir).map_err(|source| StoreError::DataDir {
-            dir: dir.to_path_buf(),
-            source,
-        })?;
-        let path = dir.join(FILE_NAME);
-        let db = open_db(&path)?;
-        init_or_verify(&db, &path)?;
-        let checkpoints = CheckpointStore::open(dir)?;
-        Ok(Store {
-            path,
-            db: Mutex::new(Some(db)),
-            commits: AtomicU64::new(0),
-            failed_commits: AtomicU64::new(0),
-            reopens: AtomicU64::new(0),
-            event_floor: AtomicU64::new(u64::MAX),
-            replay_floor: AtomicU64::new(u64::MAX),
-            checkpoints,
-        })
-    }
-
-    /// The checkpoint file.
-    pub fn checkpoints(&self) -> &CheckpointStore {
-        &self.checkpoints
-    }
-
-    /// Each shard `k`'s input records after `positions[k]`, and the fence changes after
-    /// `fence_change`.
-    pub fn read_after(&self, positions: &[u64], fence_change: u64) -> Result<LogTail, StoreError> {
-        let txn = {
-            let g = self.lock();
-            let db = g.as_ref().ok_or_else(|| StoreError::Db {
-                path: self.path.clone(),
-                op: "read the input log",
-                source: Box::new(redb::Error::DatabaseClosed),
-            })?;
-            db.begin_read()
-                .map_err(|e| db_err(&self.path, "begin read", e))?
-        };
-        read_after(&txn, &self.path, positions, fence_change)
-    }
-
-    /// Keeps events from `seq` on out of retention trims (the latest checkpoint's replay floor).
-    pub fn hold_replay_events_from(&self, seq: u64) {
-        self.replay_floor.store(seq, Ordering::Release);
-    }
-
-    /// The store file.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Commit counters.
-    pub fn stats(&self) -> StoreStats {
-        StoreStats {
-            commits: self.commits.load(Ordering::Relaxed),
-            failed_commits: self.failed_commits.load(Ordering::Relaxed),
-            reopens: self.reopens.load(Ordering::Relaxed),
-        }
-    }
-
+impl Live {
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Database>> {
         // A panic while holding the lock leaves at worst an aborted transaction behind.
         self.db.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Reads everything a warm start needs: the checkpoint, then in one read transaction of the
-    /// live file the input records and fence changes after it, the watermark, `max_seen`,
-    /// `next_seq`, the events from the checkpoint's replay floor or the last `events_tail`
-    /// (whichever is older) and the cursors.
-    pub fn load(&self, events_tail: usize) -> Result<Snapshot, StoreError> {
-        let checkpoint = self.checkpoints.load()?;
-        let path = &self.path;
-        let txn = {
-            let g = self.lock();
-            let db = g.as_ref().ok_or_else(|| StoreError::Db {
-                path: path.clone(),
-                op: "load",
-                source: Box::new(redb::Error::DatabaseClosed),
-            })?;
-            db.begin_read().map_err(|e| db_err(path, "begin read", e))?
-        };
-        let err = |e: redb::Error| db_err(path, "load", e);
-        let meta = read_meta(&txn, path)?;
-        let mut snap = Snapshot {
-            watermark: meta.watermark,
-            max_seen: meta.max_seen,
-            next_seq: meta.next_seq,
-            ..Snapshot::default()
-        };
-        let positions: Vec<u64> = checkpoint.meta.positions.iter().map(|p| p.0).collect();
-        let tail = read_after(&txn, path, &positions, checkpoint.meta.fence_change)?;
-        snap.inputs = tail.inputs;
-        snap.fence_changes = tail.fence_changes;
-        {
-            let t = txn
-                .open_table(events::EVENT_PAGES)
-                .map_err(|e| err(e.into()))?;
-            snap.events = events::read_tail(&t, events_tail, checkpoint.meta.event_floor.max(1))
-                .map_err(err)?;
-        }
-        {
-            let t = txn.open_table(CURSORS).map_err(|e| err(e.into()))?;
-            for r in t.iter().map_err(|e| err(e.into()))? {
-                let (k, v) = r.map_err(|e| err(e.into()))?;
-                snap.cursors.push((k.value().to_string(), v.value()));
-            }
-        }
-        snap.checkpoint = checkpoint;
-        Ok(snap)
+    fn floor(&self) -> u64 {
+        self.event_floor
+            .load(Ordering::Acquire)
+            .min(self.replay_floor.load(Ordering::Acquire))
     }
 
-    /// Commits `batch` in one write transaction (deletes, then puts; events, then the trim; see
-    /// [`Batch`]). With [`Flush::Fsync`] the batch is on disk when this returns. On error
-    /// nothing of the batch is stored and the caller still owns it, to retry.
-    pub fn commit(&self, batch: &Batch, flush: Flush) -> Result<(), StoreError> {
-        let r = self.commit_inner(batch, flush);
-        match &r {
-            Ok(()) => self.commits.fetch_add(1, Ordering::Relaxed),
-            Err(_) => self.failed_commits.fetch_add(1, Ordering::Relaxed),
-        };
-        r
-    }
-
-    fn commit_inner(&self, batch: &Batch, flush: Flush) -> Result<(), StoreError> {
+    /// Writes `batches` in one write transaction (each as [`Batch`] says, in order), and
+    /// `meta.journal_applied = applied` with them.
+    pub(crate) fn write<'a>(
+        &self,
+        batches: impl Iterator<Item = &'a Batch>,
+        applied: Option<u64>,
+        flush: Flush,
+    ) -> Result<(), StoreError> {
         let path = &self.path;
         let mut g = self.lock();
         let txn = match g.as_ref().map(|db| db.begin_write()) {
@@ -470,12 +367,233 @@ impl Store {
             Flush::Deferred => redb::Durability::None,
         })
         .map_err(|e| err("set durability")(e.into()))?;
-        let floor = self
-            .event_floor
-            .load(Ordering::Acquire)
-            .min(self.replay_floor.load(Ordering::Acquire));
-        write_batch(&txn, batch, floor).map_err(err("write"))?;
+        let floor = self.floor();
+        for b in batches {
+            write_batch(&txn, b, floor).map_err(err("write"))?;
+        }
+        if let Some(n) = applied {
+            let mut t = txn.open_table(META).map_err(|e| err("write")(e.into()))?;
+            t.insert(K_JOURNAL_APPLIED, n.to_le_bytes().as_slice())
+                .map_err(|e| err("write")(e.into()))?;
+        }
         txn.commit().map_err(|e| err("commit")(e.into()))?;
+        Ok(())
+    }
+}
+
+/// An open store. Thread-safe: share it in an `Arc`. Commits are serialized; loads run
+/// concurrently with them on a consistent snapshot.
+pub struct Store {
+    path: PathBuf,
+    live: Arc<Live>,
+    journal: Arc<Mutex<journal::Journal>>,
+    /// Its drop writes what is queued into the live file before the store closes.
+    applier: apply::Applier,
+    /// The checkpoint file.
+    checkpoints: CheckpointStore,
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store")
+            .field("path", &self.path)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+fn open_db(path: &Path) -> Result<Database, StoreError> {
+    // The live file is appended to and read back only at start (and by lagging webhook sinks):
+    // a small cache is enough, and keeps redb's page cache from growing with the input.
+    guarded_open(path, || {
+        Database::builder().set_cache_size(4 << 20).create(path)
+    })
+}
+
+impl Store {
+    /// Opens the store in `dir`, creating the directory and an empty store if missing, and
+    /// writes into the live file whatever the journal holds beyond it (commits a crash left
+    /// there). Fails with a clear error on a store of another schema version, a damaged or
+    /// foreign file, a damaged journal, a directory that cannot be created, read or written, a
+    /// full disk, or a store another process has open. Never resets existing data.
+    pub fn open(dir: &Path) -> Result<Store, StoreError> {
+        std::fs::create_dir_all(dir).map_err(|source| StoreError::DataDir {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
+        let path = dir.join(FILE_NAME);
+        let db = open_db(&path)?;
+        init_or_verify(&db, &path)?;
+        let applied = {
+            let txn = db
+                .begin_read()
+                .map_err(|e| db_err(&path, "begin read", e))?;
+            read_meta(&txn, &path)?.journal_applied
+        };
+        let checkpoints = CheckpointStore::open(dir)?;
+        let live = Arc::new(Live {
+            path: path.clone(),
+            db: Mutex::new(Some(db)),
+            commits: AtomicU64::new(0),
+            failed_commits: AtomicU64::new(0),
+            reopens: AtomicU64::new(0),
+            event_floor: AtomicU64::new(u64::MAX),
+            replay_floor: AtomicU64::new(u64::MAX),
+        });
+        let (mut journal, records) = journal::Journal::open(dir, applied)?;
+        let mut applied = applied;
+        if let Some(&(last, _)) = records.last() {
+            let batches = records
+                .iter()
+                .map(|(n, bytes)| {
+                    Batch::decode(bytes).map_err(|e| StoreError::Decode {
+                        path: dir.join(journal::DIR),
+                        table: "journal",
+                        key: n.to_string(),
+                        detail: e.0,
+                    })
+                })
+                .collect::<Result<Vec<Batch>, StoreError>>()?;
+            // The trims in them are the ones computed when they were committed (see `commit`).
+            live.write(batches.iter(), Some(last), Flush::Fsync)?;
+            tracing::info!(
+                commits = batches.len(),
+                last,
+                "store: wrote the journaled commits a stop left outside the store file"
+            );
+            applied = last;
+        }
+        journal.release(applied)?;
+        let journal = Arc::new(Mutex::new(journal));
+        let applier = apply::Applier::spawn(live.clone(), journal.clone(), applied);
+        Ok(Store {
+            path,
+            live,
+            journal,
+            applier,
+            checkpoints,
+        })
+    }
+
+    /// The checkpoint file.
+    pub fn checkpoints(&self) -> &CheckpointStore {
+        &self.checkpoints
+    }
+
+    /// Each shard `k`'s input records after `positions[k]`, and the fence changes after
+    /// `fence_change`.
+    pub fn read_after(&self, positions: &[u64], fence_change: u64) -> Result<LogTail, StoreError> {
+        let txn = self.begin_read("read the input log")?;
+        read_after(&txn, &self.path, positions, fence_change)
+    }
+
+    /// A read transaction of the live file that sees every commit made so far.
+    fn begin_read(&self, op: &'static str) -> Result<redb::ReadTransaction, StoreError> {
+        self.applier.barrier()?;
+        let g = self.lock();
+        let db = g.as_ref().ok_or_else(|| StoreError::Db {
+            path: self.path.clone(),
+            op,
+            source: Box::new(redb::Error::DatabaseClosed),
+        })?;
+        db.begin_read()
+            .map_err(|e| db_err(&self.path, "begin read", e))
+    }
+
+    /// Keeps events from `seq` on out of retention trims (the latest checkpoint's replay floor).
+    pub fn hold_replay_events_from(&self, seq: u64) {
+        self.live.replay_floor.store(seq, Ordering::Release);
+    }
+
+    /// The store file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Commit counters.
+    pub fn stats(&self) -> StoreStats {
+        StoreStats {
+            commits: self.live.commits.load(Ordering::Relaxed),
+            failed_commits: self.live.failed_commits.load(Ordering::Relaxed),
+            reopens: self.live.reopens.load(Ordering::Relaxed),
+            applied: self.applier.applied(),
+            journal_bytes: self
+                .journal
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .bytes(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Database>> {
+        self.live.lock()
+    }
+
+    /// Reads everything a warm start needs: the checkpoint, then in one read transaction of the
+    /// live file the input records and fence changes after it, the watermark, `max_seen`,
+    /// `next_seq`, the events from the checkpoint's replay floor or the last `events_tail`
+    /// (whichever is older) and the cursors.
+    pub fn load(&self, events_tail: usize) -> Result<Snapshot, StoreError> {
+        let checkpoint = self.checkpoints.load()?;
+        let path = &self.path;
+        let txn = self.begin_read("load")?;
+        let err = |e: redb::Error| db_err(path, "load", e);
+        let meta = read_meta(&txn, path)?;
+        let mut snap = Snapshot {
+            watermark: meta.watermark,
+            max_seen: meta.max_seen,
+            next_seq: meta.next_seq,
+            ..Snapshot::default()
+        };
+        let positions: Vec<u64> = checkpoint.meta.positions.iter().map(|p| p.0).collect();
+        let tail = read_after(&txn, path, &positions, checkpoint.meta.fence_change)?;
+        snap.inputs = tail.inputs;
+        snap.fence_changes = tail.fence_changes;
+        {
+            let t = txn
+                .open_table(events::EVENT_PAGES)
+                .map_err(|e| err(e.into()))?;
+            snap.events = events::read_tail(&t, events_tail, checkpoint.meta.event_floor.max(1))
+                .map_err(err)?;
+        }
+        {
+            let t = txn.open_table(CURSORS).map_err(|e| err(e.into()))?;
+            for r in t.iter().map_err(|e| err(e.into()))? {
+                let (k, v) = r.map_err(|e| err(e.into()))?;
+                snap.cursors.push((k.value().to_string(), v.value()));
+            }
+        }
+        snap.checkpoint = checkpoint;
+        Ok(snap)
+    }
+
+    /// Commits `batch` (deletes, then puts; events, then the trim; see [`Batch`]): one journal
+    /// append, written into the live file in the background. With [`Flush::Fsync`] the batch is
+    /// on disk when this returns. On error nothing of the batch is stored and the caller still
+    /// owns it, to retry.
+    pub fn commit(&self, batch: &Batch, flush: Flush) -> Result<(), StoreError> {
+        let r = self.commit_inner(batch, flush);
+        match &r {
+            Ok(()) => self.live.commits.fetch_add(1, Ordering::Relaxed),
+            Err(_) => self.live.failed_commits.fetch_add(1, Ordering::Relaxed),
+        };
+        r
+    }
+
+    fn commit_inner(&self, batch: &Batch, flush: Flush) -> Result<(), StoreError> {
+        let mut b = batch.clone();
+        // The trim as it would be done now: applied later (or after a crash, before any floor
+        // is known again) it deletes nothing a webhook sink or a replay holds at this point.
+        if let Some(below) = b.trim_events_below {
+            b.trim_events_below = Some(below.min(self.live.floor()));
+        }
+        let bytes = b.approx_bytes();
+        self.applier.admit(bytes)?;
+        let mut j = self.journal.lock().unwrap_or_else(|p| p.into_inner());
+        let n = j.append_with(flush == Flush::Fsync, |out| b.encode(out))?;
+        // Pushed under the journal's lock: the applier gets commits in journal order.
+        self.applier.push(n, b, bytes);
+        metrics::gauge!(crate::telemetry::STORE_JOURNAL_BYTES).set(j.bytes() as f64);
         Ok(())
     }
 }
@@ -585,6 +703,7 @@ pub(crate) struct Meta {
     pub(crate) watermark: Option<i64>,
     pub(crate) max_seen: Option<i64>,
     pub(crate) next_seq: u64,
+    pub(crate) journal_applied: u64,
 }
 
 /// Reads and verifies `meta` (schema version included).
@@ -639,7 +758,16 @@ pub(crate) fn read_meta(txn: &redb::ReadTransaction, path: &Path) -> Result<Meta
         })
         .transpose()?
         .unwrap_or(1);
+    let journal_applied = get(K_JOURNAL_APPLIED)?
+        .map(|v| {
+            codec::meta_array(K_JOURNAL_APPLIED, &v)
+                .map(u64::from_le_bytes)
+                .map_err(|e| bad(K_JOURNAL_APPLIED, e))
+        })
+        .transpose()?
+        .unwrap_or(0);
     Ok(Meta {
+        journal_applied,
         schema_version,
         watermark: i64_of(K_WATERMARK)?,
         max_seen: i64_of(K_MAX_SEEN)?,

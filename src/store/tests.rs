@@ -225,7 +225,7 @@ fn another_schema_version_is_refused() {
         let txn = db.begin_write().unwrap();
         txn.open_table(META)
             .unwrap()
-            .insert(K_SCHEMA, 3u32.to_le_bytes().as_slice())
+            .insert(K_SCHEMA, 4u32.to_le_bytes().as_slice())
             .unwrap();
         txn.commit().unwrap();
     }
@@ -234,14 +234,14 @@ fn another_schema_version_is_refused() {
         matches!(
             e,
             StoreError::SchemaMismatch {
-                found: 3,
+                found: 4,
                 expected: SCHEMA_VERSION,
                 ..
             }
         ),
         "{e}"
     );
-    assert!(e.to_string().contains("schema version 3"), "{e}");
+    assert!(e.to_string().contains("schema version 4"), "{e}");
     assert!(matches!(
         check(dir.path()),
         Err(StoreError::SchemaMismatch { .. })
@@ -535,8 +535,14 @@ fn check_repairs_a_store_that_was_not_closed_cleanly() {
         Flush::Fsync,
     )
     .unwrap();
-    // A copy taken while the store is open looks like the file after a crash.
-    std::fs::create_dir_all(copy.path()).unwrap();
+    // A copy taken while the store is open looks like the files after a crash. The journal
+    // first: whatever the applier does meanwhile, the live file copied after it holds every
+    // commit the copied journal no longer does.
+    std::fs::create_dir_all(copy.path().join(journal::DIR)).unwrap();
+    for e in std::fs::read_dir(dir.path().join(journal::DIR)).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), copy.path().join(journal::DIR).join(e.file_name())).unwrap();
+    }
     for f in [FILE_NAME, checkpoint::CHECKPOINT_FILE] {
         std::fs::copy(dir.path().join(f), copy.path().join(f)).unwrap();
     }
@@ -672,4 +678,114 @@ fn a_version_1_store_is_refused_and_migrated_on_request() {
     drop(s);
     let r = check(dir.path()).unwrap();
     assert!(r.is_ok(), "{r}");
+}
+
+#[test]
+fn journaled_commits_a_crash_left_outside_the_live_file_are_written_at_open() {
+    let dir = TempDir::new("journal");
+    drop(Store::open(dir.path()).unwrap());
+    // Commits 1-3 as a crash leaves them: journaled (and fsync'd), not in the live file, the
+    // last one followed by half a record.
+    let rec = |seq: u64| (0u16, seq, vec![seq as u8; 3]);
+    {
+        let (mut j, pending) = journal::Journal::open(dir.path(), 0).unwrap();
+        assert!(pending.is_empty());
+        for n in 1..=3u64 {
+            let b = Batch {
+                inputs: vec![rec(n)],
+                events: vec![(n, Arc::from(format!("{{\"n\":{n}}}")))],
+                next_seq: Some(n + 1),
+                ..Batch::default()
+            };
+            assert_eq!(j.append_with(true, |out| b.encode(out)).unwrap(), n);
+        }
+    }
+    let newest = journal::scan(dir.path(), 0)
+        .unwrap()
+        .segments
+        .last()
+        .unwrap()
+        .path
+        .clone();
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&newest)
+        .unwrap();
+    std::io::Write::write_all(&mut f, &[9, 0, 0, 0, 1, 2]).unwrap();
+    drop(f);
+    let r = check(dir.path()).unwrap();
+    assert!(r.is_ok(), "{r}");
+    assert_eq!((r.journal_applied, r.journal_pending), (0, 3), "{r}");
+    assert!(r.journal_torn.is_some(), "{r}");
+    assert_eq!(r.inputs, 0, "not in the live file yet");
+    let s = Store::open(dir.path()).unwrap();
+    let snap = s.load(10).unwrap();
+    assert_eq!(snap.inputs, vec![rec(1), rec(2), rec(3)]);
+    assert_eq!(snap.next_seq, 4);
+    assert_eq!(
+        snap.events,
+        (1..=3u64)
+            .map(|n| (n, format!("{{\"n\":{n}}}")))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(s.stats().applied, 3);
+    // Later commits continue the numbering and reach the live file too.
+    s.commit(
+        &Batch {
+            inputs: vec![rec(4)],
+            ..Batch::default()
+        },
+        Flush::Fsync,
+    )
+    .unwrap();
+    assert_eq!(
+        s.load(0).unwrap().inputs.len(),
+        4,
+        "a read waits for the applier"
+    );
+    drop(s);
+    let r = check(dir.path()).unwrap();
+    // (The records are not decodable input, the test's bytes: only the journal is looked at.)
+    assert_eq!((r.journal_applied, r.journal_pending), (4, 0), "{r}");
+    assert!(r.journal_torn.is_none(), "{r}");
+    assert_eq!(r.inputs, 4);
+    assert_eq!(
+        r.journal_segments, 1,
+        "segments the live file holds are removed: {r}"
+    );
+}
+
+#[test]
+fn a_version_2_store_is_refused_and_migrated_on_request() {
+    let dir = TempDir::new("migrate2");
+    {
+        let s = Store::open(dir.path()).unwrap();
+        s.commit(
+            &Batch {
+                inputs: vec![(0, 1, vec![1])],
+                ..Batch::default()
+            },
+            Flush::Fsync,
+        )
+        .unwrap();
+    }
+    {
+        let db = redb::Database::open(dir.path().join(FILE_NAME)).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(META)
+            .unwrap()
+            .insert(K_SCHEMA, 2u32.to_le_bytes().as_slice())
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let e = Store::open(dir.path()).unwrap_err();
+    assert!(
+        matches!(e, StoreError::SchemaMismatch { found: 2, .. })
+            && e.to_string().contains("store migrate"),
+        "{e}"
+    );
+    assert_eq!(migrate(dir.path()).unwrap(), Migrated::FromV2);
+    assert_eq!(migrate(dir.path()).unwrap(), Migrated::AlreadyCurrent);
+    let s = Store::open(dir.path()).unwrap();
+    assert_eq!(s.load(0).unwrap().inputs, vec![(0, 1, vec![1])]);
 }

@@ -22,7 +22,7 @@
 
 use std::sync::atomic::Ordering;
 
-use redb::{ReadableDatabase, ReadableTable, TableDefinition, TableError};
+use redb::{ReadableTable, TableDefinition, TableError};
 
 use super::events::{EVENT_PAGES, read_range};
 use super::{CURSORS, Flush, Store, StoreError, db_err};
@@ -92,13 +92,8 @@ fn open_read<K: redb::Key + 'static, V: redb::Value + 'static>(
 
 impl Store {
     fn begin_read_txn(&self, op: &'static str) -> Result<redb::ReadTransaction, StoreError> {
-        let g = self.lock();
-        let db = g.as_ref().ok_or_else(|| StoreError::Db {
-            path: self.path.clone(),
-            op,
-            source: Box::new(redb::Error::DatabaseClosed),
-        })?;
-        db.begin_read().map_err(|e| db_err(&self.path, op, e))
+        // Sees every commit made so far (events journaled and not yet in the file included).
+        self.begin_read(op)
     }
 
     /// Reads the webhook state: API sink definitions, webhook cursors and dead letters.
@@ -134,11 +129,11 @@ impl Store {
     }
 
     /// Commits `batch` in one write transaction. [`Flush::Deferred`] skips the fsync: the
-    /// change is visible at once and becomes durable with the next fsync'd commit (the
-    /// publisher's, or a later `Sync` one here). On error nothing of the batch is stored.
+    /// change is visible at once and becomes durable with the next fsync'd transaction (the
+    /// applier's, or a later `Sync` one here). On error nothing of the batch is stored.
     ///
-    /// Unlike [`Store::commit`] this does not reopen a failed database handle (the publisher's
-    /// next commit does that); the caller keeps its state and retries later.
+    /// Unlike the applier this does not reopen a failed database handle (the applier's next
+    /// write does that); the caller keeps its state and retries later.
     pub fn commit_webhooks(&self, batch: &WebhookBatch, flush: Flush) -> Result<(), StoreError> {
         if batch.is_empty() {
             return Ok(());
@@ -186,12 +181,12 @@ impl Store {
     /// log's retention would trim them (`u64::MAX`: no hold). Webhook sinks that lag behind the
     /// in-memory log read them from here.
     pub fn hold_events_from(&self, seq: u64) {
-        self.event_floor.store(seq, Ordering::Release);
+        self.live.event_floor.store(seq, Ordering::Release);
     }
 
     /// The current hold (see [`Store::hold_events_from`]).
     pub fn events_held_from(&self) -> u64 {
-        self.event_floor.load(Ordering::Acquire)
+        self.live.event_floor.load(Ordering::Acquire)
     }
 }
 
