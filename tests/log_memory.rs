@@ -6,8 +6,9 @@
 //! checks the heap held per logged event, everything included: the ring buffer, anything an
 //! entry owns, and the JSON kept for the newest events.
 //!
-//! The bound, 100 B: an entry is 80 B inline with no allocation of its own (asserted at compile
-//! time in `events::compact`), the buffer is grown to exactly the capacity, and the JSON cache
+//! The bound, 140 B: an entry is 120 B inline with no allocation of its own (asserted at compile
+//! time in `events::compact`; the fence name is shared with the fence, the deciding fix's
+//! position is inline), the buffer is grown to exactly the capacity, and the JSON cache
 //! holds `JSON_CACHE` (4,096) texts of ~300 B plus their slots, ~1.3 MB or ~7 B per event at
 //! 200,000. The old layout (a parsed event and its JSON text, each behind an `Arc`) measured
 //! 540 B and 3 allocations per event with this same fill (docs/benchmarks.md).
@@ -35,12 +36,13 @@ const DEVICES: u64 = 150_000;
 /// Live heap (bytes, blocks) held by `log`'s events after filling it with `total` events whose
 /// device ids `device(n)` gives, per held event.
 fn per_event(total: u64, device: impl Fn(u64) -> String) -> (f64, f64, usize) {
-    // What the engine shares between events of one fence: its id and its tags.
-    let fences: Vec<(Arc<str>, Arc<serde_json::Value>)> = (0..FENCES)
+    // What the engine shares between events of one fence: its id, its tags and its name.
+    let fences: Vec<(Arc<str>, Arc<serde_json::Value>, Arc<str>)> = (0..FENCES)
         .map(|i| {
             (
                 Arc::from(format!("site-{i:05}-a")),
                 Arc::new(serde_json::json!({"kind": "site", "cluster": i / 3, "zone": "north"})),
+                Arc::from(format!("Site {i} north")),
             )
         })
         .collect();
@@ -53,13 +55,19 @@ fn per_event(total: u64, device: impl Fn(u64) -> String) -> (f64, f64, usize) {
             .map(|k| {
                 let i = n + k;
                 let dev = device(i % DEVICES);
-                let (fence, tags) = &fences[(i as usize * 7) % FENCES];
+                let (fence, tags, name) = &fences[(i as usize * 7) % FENCES];
                 let entered = Ts(t0 + i as i64 * 10);
+                let (lat, lon) = (
+                    53.5 + (i % 1000) as f64 * 1e-5,
+                    9.9 + (i % 777) as f64 * 1e-5,
+                );
                 match i % 10 {
-                    0..=4 => Event::enter(&dev, fence, entered, tags),
+                    0..=4 => Event::enter(&dev, fence, entered, tags).at_fix(lat, lon, Some(8.0)),
                     5..=7 => Event::dwell(&dev, fence, entered, Dur::from_mins(10), tags),
-                    _ => Event::exit(&dev, fence, entered, Ts(entered.0 + 754_250), tags),
+                    _ => Event::exit(&dev, fence, entered, Ts(entered.0 + 754_250), tags)
+                        .at_fix(lat, lon, None),
                 }
+                .named(Some(name))
             })
             .collect();
         n += batch.len() as u64;
@@ -92,7 +100,7 @@ fn per_event(total: u64, device: impl Fn(u64) -> String) -> (f64, f64, usize) {
 }
 
 #[test]
-fn logged_events_cost_under_100_bytes_of_heap_each() {
+fn logged_events_cost_under_140_bytes_of_heap_each() {
     // Past full, so the ring has wrapped and retention has run: the steady state.
     let (bytes, blocks, held) = per_event(CAPACITY as u64 + 50_000, |d| format!("dev-{d:07}"));
     println!(
@@ -100,7 +108,7 @@ fn logged_events_cost_under_100_bytes_of_heap_each() {
          (device ids of 11 bytes)"
     );
     assert_eq!(held, CAPACITY);
-    assert!(bytes <= 100.0, "{bytes:.1} B per logged event (bound: 100)");
+    assert!(bytes <= 140.0, "{bytes:.1} B per logged event (bound: 140)");
     // No allocation per event: the buffer, plus one JSON text (and its slot) per cached event.
     assert!(
         blocks * (held as f64) <= (JSON_CACHE + 16) as f64,
@@ -116,7 +124,7 @@ fn logged_events_cost_under_100_bytes_of_heap_each() {
          34 bytes)"
     );
     assert!(
-        bytes <= 140.0,
+        bytes <= 180.0,
         "{bytes:.1} B per logged event with long device ids"
     );
 }

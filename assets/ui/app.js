@@ -155,11 +155,18 @@ const renderDetailsSoon = throttle(renderDetails, 300);
 // ---- fences -----------------------------------------------------------------------------------
 
 async function loadFences() {
-  const fc = await getJson('/v1/fences');
-  const sig = JSON.stringify(fc);
+  // Paged like every list: follow next_after to the end.
+  const features = [];
+  let after = null;
+  do {
+    const page = await getJson('/v1/fences', { limit: 10000, after });
+    for (const f of page.features || []) features.push(f);
+    after = page.next_after;
+  } while (after);
+  const sig = JSON.stringify(features);
   if (sig === state.fenceSig) return;
   state.fenceSig = sig;
-  state.fences = (fc.features || [])
+  state.fences = features
     .map((f) => ({ id: String(f.id), feature: f, colour: fenceColour(String(f.id)) }))
     .sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
   state.fenceById = new Map(state.fences.map((f) => [f.id, f]));

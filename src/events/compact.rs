@@ -5,8 +5,8 @@
 //!
 //! Invariants:
 //! - A `CompactEvent` holds only what cannot be derived: the kind, the device, the fence, the visit
-//!   start, one kind-specific number (the EXIT time or the DWELL threshold), the publication time
-//!   and the fence tags. `seq` is the entry's position in the log, and `id`, `at`, `dwell_s` and
+//!   start, one kind-specific number (the EXIT time or the DWELL threshold), the publication time,
+//!   the fence tags and name, and the deciding fix's position (ENTER and EXIT). `seq` is the entry's position in the log, and `id`, `at`, `dwell_s` and
 //!   `duration_s` are recomputed by the same constructors the engine uses ([`Event::enter`],
 //!   [`Event::exit`], [`Event::dwell`]).
 //! - [`CompactEvent::from_event`] only accepts an event that those constructors rebuild exactly
@@ -14,7 +14,7 @@
 //!   `serde_json::to_string`, is byte-for-byte what the original serialized to.
 //! - Nothing per event is allocated for a device id of at most 24 bytes (inline
 //!   `CompactString`); the fence id and the tags are shared `Arc`s (the engine's own, or the
-//!   interner's at warm start), so an entry is 80 bytes whatever the tags hold.
+//!   interner's at warm start), so an entry is 120 bytes whatever the tags hold.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -48,7 +48,7 @@ pub enum CompactError {
     Decode(String),
 }
 
-/// One event as the log holds it (80 bytes, no `seq`: the log knows it from the position).
+/// One event as the log holds it (120 bytes, no `seq`: the log knows it from the position).
 #[derive(Debug, Clone, PartialEq)]
 pub struct CompactEvent {
     /// Publication time in Unix ms, or [`NOT_EMITTED`].
@@ -64,12 +64,25 @@ pub struct CompactEvent {
     fence: Arc<str>,
     /// Fence tags at emission, shared with the fence.
     tags: Arc<Value>,
+    /// Fence name at emission, shared with the fence.
+    name: Option<Arc<str>>,
+    /// The deciding fix's latitude, longitude and accuracy; NaN for none (a fix's values are
+    /// always finite, so NaN is never a real one).
+    pos: [f64; 3],
     /// ENTER, EXIT or DWELL.
     kind: EventKind,
 }
 
 // The per-event memory budget of the log rests on this size (docs/service.md quotes it).
-const _: () = assert!(std::mem::size_of::<CompactEvent>() <= 80);
+const _: () = assert!(std::mem::size_of::<CompactEvent>() <= 120);
+
+fn to_nan(v: Option<f64>) -> f64 {
+    v.unwrap_or(f64::NAN)
+}
+
+fn from_nan(v: f64) -> Option<f64> {
+    (!v.is_nan()).then_some(v)
+}
 
 impl CompactEvent {
     /// The compact form of `event` (its `seq` is not kept); refused when re-rendering would not
@@ -88,6 +101,12 @@ impl CompactEvent {
         if event.emitted_at.is_some_and(|t| t.0 == NOT_EMITTED) {
             return Err(refuse("emitted_at"));
         }
+        if [event.lat, event.lon, event.accuracy]
+            .iter()
+            .any(|v| v.is_some_and(f64::is_nan))
+        {
+            return Err(refuse("position"));
+        }
         let compact = CompactEvent {
             emitted_at: event.emitted_at.map_or(NOT_EMITTED, |t| t.0),
             entered_at: event.entered_at,
@@ -95,6 +114,8 @@ impl CompactEvent {
             device: event.device.clone(),
             fence: event.fence.clone(),
             tags: event.tags.clone(),
+            name: event.name.clone(),
+            pos: [to_nan(event.lat), to_nan(event.lon), to_nan(event.accuracy)],
             kind: event.kind,
         };
         let back = compact.to_event(event.seq);
@@ -107,6 +128,8 @@ impl CompactEvent {
             "dwell_s"
         } else if back.duration_s != event.duration_s {
             "duration_s"
+        } else if (back.lat, back.lon, back.accuracy) != (event.lat, event.lon, event.accuracy) {
+            "position"
         } else {
             return Ok(compact);
         };
@@ -124,6 +147,7 @@ impl CompactEvent {
         let (fence, tags) = interner.intern(&event.fence, &event.tags);
         event.fence = fence;
         event.tags = tags;
+        event.name = event.name.map(|n| interner.name(&n));
         Ok((event.seq, CompactEvent::from_event(&event)?))
     }
 
@@ -150,6 +174,10 @@ impl CompactEvent {
         };
         e.seq = seq;
         e.emitted_at = self.emitted_at();
+        e.name = self.name.clone();
+        e.lat = from_nan(self.pos[0]);
+        e.lon = from_nan(self.pos[1]);
+        e.accuracy = from_nan(self.pos[2]);
         e
     }
 
@@ -186,6 +214,15 @@ impl CompactEvent {
         self.entered_at
     }
 
+    /// The event time: the visit start for ENTER, the EXIT time, the DWELL deadline.
+    pub fn at(&self) -> Ts {
+        match self.kind {
+            EventKind::Enter => self.entered_at,
+            EventKind::Exit => Ts(self.extra),
+            EventKind::Dwell => self.entered_at.plus(Dur(self.extra)),
+        }
+    }
+
     /// Wall-clock publication time, once stamped.
     pub fn emitted_at(&self) -> Option<Ts> {
         (self.emitted_at != NOT_EMITTED).then_some(Ts(self.emitted_at))
@@ -209,9 +246,20 @@ pub struct Interner {
     /// Per fence id: its shared id and the distinct tag values seen with it (a fence's tags
     /// change only when the fence is replaced, so the list is short).
     fences: HashMap<Arc<str>, Vec<Arc<Value>>>,
+    /// Fence names seen (a fence has one name until it is replaced: few per fence).
+    names: std::collections::HashSet<Arc<str>>,
 }
 
 impl Interner {
+    /// The shared copy of a fence name (stored on first sight).
+    pub fn name(&mut self, name: &Arc<str>) -> Arc<str> {
+        if let Some(n) = self.names.get(name) {
+            return n.clone();
+        }
+        self.names.insert(name.clone());
+        name.clone()
+    }
+
     /// The shared copies of `fence` and `tags` (stored on first sight).
     pub fn intern(&mut self, fence: &Arc<str>, tags: &Arc<Value>) -> (Arc<str>, Arc<Value>) {
         match self.fences.entry(fence.clone()) {
@@ -282,6 +330,21 @@ mod tests {
                 ));
             }
         }
+        // The same events with a fence name and, for ENTER and EXIT, the deciding fix (with and
+        // without an accuracy).
+        let name: Arc<str> = Arc::from("Depot \"3\" ü");
+        let rich: Vec<Event> = out
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                let e = e.clone().named(Some(&name));
+                match e.kind {
+                    EventKind::Dwell => e,
+                    _ => e.at_fix(53.551_086, -9.993_682, (i % 2 == 0).then_some(4.25)),
+                }
+            })
+            .collect();
+        out.extend(rich);
         for (i, e) in out.iter_mut().enumerate() {
             e.seq = 1 + i as u64;
             if i % 3 != 0 {

@@ -2,18 +2,23 @@
 //!
 //! Semantics (the same for every channel): an event passes when its type is listed (or no type
 //! is), its fence id matches one of the fence globs (or there are none; `*` and `?` as in a
-//! shell), and its device is the one asked for (or none is).
+//! shell), and its device is the one asked for (or none is). Polls and subscriptions may also
+//! bound the event time `at`: `since` inclusive, `until` exclusive.
 
 use wildmatch::WildMatch;
 
+use crate::events::CompactEvent;
 use geodwell_core::event::EventKind;
+use geodwell_core::time::Ts;
 
-/// A filter over event type, fence id (globs) and device id.
+/// A filter over event type, fence id (globs), device id and event time.
 #[derive(Debug, Clone, Default)]
 pub struct EventFilter {
     types: Vec<EventKind>,
     fences: Vec<WildMatch>,
     device: Option<String>,
+    since: Option<Ts>,
+    until: Option<Ts>,
 }
 
 impl EventFilter {
@@ -36,10 +41,27 @@ impl EventFilter {
                 .map(|g| WildMatch::new(g.as_ref()))
                 .collect(),
             device,
+            since: None,
+            until: None,
         }
     }
 
-    /// Whether an event of `kind` for `fence` and `device` passes.
+    /// The same filter, keeping only events with `since <= at < until` (either bound optional).
+    pub fn between(mut self, since: Option<Ts>, until: Option<Ts>) -> EventFilter {
+        self.since = since;
+        self.until = until;
+        self
+    }
+
+    /// Whether a logged event passes (type, fence, device and event time).
+    pub fn matches_event(&self, e: &CompactEvent) -> bool {
+        let at = e.at();
+        self.since.is_none_or(|s| at >= s)
+            && self.until.is_none_or(|u| at < u)
+            && self.matches(e.kind(), e.fence(), e.device())
+    }
+
+    /// Whether an event of `kind` for `fence` and `device` passes (the time bounds aside).
     pub fn matches(&self, kind: EventKind, fence: &str, device: &str) -> bool {
         (self.types.is_empty() || self.types.contains(&kind))
             && (self.fences.is_empty() || self.fences.iter().any(|g| g.matches(fence)))

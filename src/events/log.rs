@@ -6,7 +6,7 @@
 //! range `first_seq..next_seq` and an entry's `seq` is `first_seq` plus its position (it is not
 //! stored).
 //!
-//! Memory: each entry is a [`CompactEvent`] held inline in the ring buffer (80 bytes, no heap
+//! Memory: each entry is a [`CompactEvent`] held inline in the ring buffer (120 bytes, no heap
 //! allocation of its own for device ids up to 24 bytes; fence id and tags are the fence's shared
 //! `Arc`s), so 200,000 events cost ~16 MB rather than the ~110 MB of a parsed event plus its JSON
 //! text per entry. The buffer grows by doubling up to exactly `capacity` entries and is then kept.

@@ -69,7 +69,9 @@ fn query_token(uri: &Uri) -> Option<String> {
     form_pairs(q).find_map(|(k, v)| (k == "access_token").then_some(v))
 }
 
-fn form_pairs(q: &str) -> impl Iterator<Item = (String, String)> + '_ {
+/// The decoded `name=value` pairs of a query string, in order (a name without `=` has an empty
+/// value).
+pub(crate) fn form_pairs(q: &str) -> impl Iterator<Item = (String, String)> + '_ {
     q.split('&').filter(|p| !p.is_empty()).map(|p| {
         let (k, v) = p.split_once('=').unwrap_or((p, ""));
         (decode(k), decode(v))

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use crate::http::auth::Refused;
 use crate::http::error::{ApiError, ErrorBody};
-use crate::http::events::{check_known, parse_u64};
+use crate::http::events::parse_u64;
 use crate::shard::DeviceCursor;
 use crate::state::AppState;
 use axum::extract::rejection::QueryRejection;
@@ -193,7 +193,6 @@ pub async fn list_devices(
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
 ) -> Result<Json<DevicePage>, ApiError> {
     let Query(q) = query?;
-    check_known(&q, &["limit", "after"])?;
     let limit = parse_u64(&q, "limit")?.unwrap_or(1000);
     if limit == 0 || limit > MAX_DEVICE_PAGE as u64 {
         return Err(ApiError::bad_request(

@@ -29,6 +29,7 @@ use crate::http::openapi::EventOut;
 use crate::state::AppState;
 use crate::telemetry as t;
 use geodwell_core::event::EventKind;
+use geodwell_core::time::Ts;
 
 /// `GET /v1/events` answer.
 #[derive(Debug, Serialize, ToSchema)]
@@ -139,24 +140,18 @@ pub(crate) fn parse_u64(q: &HashMap<String, String>, key: &str) -> Result<Option
         .transpose()
 }
 
-pub(crate) fn check_known(q: &HashMap<String, String>, known: &[&str]) -> Result<(), ApiError> {
-    for k in q.keys() {
-        if !known.contains(&k.as_str()) {
-            return Err(ApiError::bad_request(
-                "bad_query",
-                format!("unknown query parameter {k:?}; known: {}", known.join(", ")),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// `GET /v1/events?from_seq=N&limit=M`: events with `seq >= N` (default: the oldest held).
+/// `GET /v1/events?from_seq=N&limit=M&types=..&device=..&fence=..&since=..&until=..`: events
+/// with `seq >= N` (default: the oldest held) that pass the filter.
 #[utoipa::path(get, path = "/v1/events", tag = "events",
-    description = "Events with seq >= from_seq (default: the oldest held). Scope: read.",
+    description = "Events with seq >= from_seq (default: the oldest held), oldest first, optionally filtered as subscriptions are (types, fence glob, device) and by event time (`since` inclusive, `until` exclusive). A filtered page reads the log from from_seq until it holds `limit` matches or reaches the head; `next_seq` is where it stopped reading, so paging with it never skips or repeats an event. Scope: read.",
     params(
         ("from_seq" = Option<u64>, Query, maximum = 9_223_372_036_854_775_807_i64, description = "First seq wanted"),
         ("limit" = Option<u64>, Query, minimum = 1, description = "Most events (default 1000, at most max_poll_limit)"),
+        ("types" = Option<String>, Query, description = "Comma-separated kinds: enter, exit, dwell"),
+        ("fence" = Option<String>, Query, description = "Fence id glob (`*`, `?`)"),
+        ("device" = Option<String>, Query, description = "Device id (exact)"),
+        ("since" = Option<String>, Query, description = "Only events with `at` at or after this time (RFC 3339 or Unix ms)"),
+        ("until" = Option<String>, Query, description = "Only events with `at` before this time (RFC 3339 or Unix ms)"),
     ),
     responses(
         (status = 200, description = "A page of events", body = EventsPage),
@@ -167,7 +162,6 @@ pub async fn poll(
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(q) = query?;
-    check_known(&q, &["from_seq", "limit"])?;
     let from = parse_u64(&q, "from_seq")?.unwrap_or(0);
     let limit = parse_u64(&q, "limit")?.unwrap_or(1000) as usize;
     if limit == 0 || limit > st.config().max_poll_limit {
@@ -176,26 +170,41 @@ pub async fn poll(
             format!("limit must be in 1..={}", st.config().max_poll_limit),
         ));
     }
+    let filtered = ["types", "fence", "device", "since", "until"]
+        .iter()
+        .any(|k| q.contains_key(*k));
+    let filter = filtered.then(|| parse_filter(&q)).transpose()?;
     // The answer is streamed: the log is read a piece at a time as the client takes the text
     // (events older than the log's JSON cache are rendered then, outside the log's lock), so a
     // page of any size costs one piece of memory. The page covers the events up to the head
     // seen now; if retention overtakes the page while it is written, the page ends early and
-    // its `next_seq` says where to go on (that poll then reports `missed`).
+    // its `next_seq` says where to go on (that poll then reports `missed`). A filtered page
+    // reads up to the head (at most the log's capacity) for its matches.
     let held = st.log().read(from, 0);
     let (first_seq, head_seq) = (held.first_seq, held.next_seq);
     let missed = from < first_seq && from != 0;
     struct Page {
         log: Arc<crate::events::EventLog>,
+        filter: Option<EventFilter>,
         next: u64,
         end: u64,
+        left: usize,
+        wrote_any: bool,
         started: bool,
         done: bool,
     }
     let start = from.max(first_seq);
+    let end = match filter {
+        None => start.saturating_add(limit as u64).min(head_seq.max(start)),
+        Some(_) => head_seq.max(start),
+    };
     let page = Page {
         log: st.log().clone(),
+        filter,
         next: start,
-        end: start.saturating_add(limit as u64).min(head_seq.max(start)),
+        end,
+        left: limit,
+        wrote_any: false,
         started: false,
         done: false,
     };
@@ -208,21 +217,34 @@ pub async fn poll(
             p.started = true;
             piece.push_str(EventsPage::HEAD);
         }
-        while piece.len() < crate::http::stream::PIECE_BYTES && p.next < p.end {
+        'read: while piece.len() < crate::http::stream::PIECE_BYTES && p.next < p.end && p.left > 0
+        {
             let want = POLL_PIECE.min((p.end - p.next) as usize);
             let r = p.log.read(p.next, want);
             if r.events.first().map(|e| e.seq) != Some(p.next) {
                 break; // retention overtook the page
             }
             for e in &r.events {
-                if e.seq > start {
+                // Read past: `next` is where the next page starts, matched or not.
+                p.next = e.seq + 1;
+                if p.filter
+                    .as_ref()
+                    .is_some_and(|f| !f.matches_event(&e.event))
+                {
+                    continue;
+                }
+                if p.wrote_any {
                     piece.push(',');
                 }
                 piece.push_str(&e.json());
+                p.wrote_any = true;
+                p.left -= 1;
+                if p.left == 0 {
+                    break 'read;
+                }
             }
-            p.next += r.events.len() as u64;
         }
-        if piece.len() < crate::http::stream::PIECE_BYTES || p.next >= p.end {
+        if piece.len() < crate::http::stream::PIECE_BYTES || p.next >= p.end || p.left == 0 {
             p.done = true;
             piece.push_str(&EventsPage::tail(p.next, first_seq, head_seq, missed));
         }
@@ -230,7 +252,8 @@ pub async fn poll(
     }))
 }
 
-/// Parses `types=enter,dwell`, `fence=<glob>`, `device=<id>` into the one event filter.
+/// Parses `types=enter,dwell`, `fence=<glob>`, `device=<id>`, `since`, `until` into the one
+/// event filter.
 pub fn parse_filter(q: &HashMap<String, String>) -> Result<EventFilter, ApiError> {
     let types = q
         .get("types")
@@ -257,14 +280,40 @@ pub fn parse_filter(q: &HashMap<String, String>) -> Result<EventFilter, ApiError
         }
     }
     let fences: Vec<&str> = q.get("fence").map(String::as_str).into_iter().collect();
-    Ok(EventFilter::new(
-        types.unwrap_or_default(),
-        &fences,
-        q.get("device").cloned(),
-    ))
+    let (since, until) = (parse_time(q, "since")?, parse_time(q, "until")?);
+    if let (Some(s), Some(u)) = (since, until)
+        && s >= u
+    {
+        return Err(ApiError::bad_request(
+            "bad_query",
+            "since must be before until (since is inclusive, until exclusive)",
+        ));
+    }
+    Ok(
+        EventFilter::new(types.unwrap_or_default(), &fences, q.get("device").cloned())
+            .between(since, until),
+    )
 }
 
-/// `GET /v1/events/ws?from_seq=N&types=...&fence=...&device=...`.
+/// An event-time bound: RFC 3339 text or integer Unix milliseconds.
+fn parse_time(q: &HashMap<String, String>, key: &str) -> Result<Option<Ts>, ApiError> {
+    q.get(key)
+        .map(|v| {
+            let t = match v.parse::<i64>() {
+                Ok(ms) => Ts::from_millis(ms),
+                Err(_) => Ts::parse_rfc3339(v),
+            };
+            t.map_err(|e| {
+                ApiError::bad_request(
+                    "bad_query",
+                    format!("{key} must be RFC 3339 or integer Unix milliseconds: {e}"),
+                )
+            })
+        })
+        .transpose()
+}
+
+/// `GET /v1/events/ws?from_seq=N&types=...&fence=...&device=...&since=...&until=...`.
 #[utoipa::path(get, path = "/v1/events/ws", tag = "events",
     description = "WebSocket subscription: one event JSON per text frame, from from_seq, filtered. Browsers may pass the key as `access_token`. Scope: read.",
     params(
@@ -272,6 +321,8 @@ pub fn parse_filter(q: &HashMap<String, String>) -> Result<EventFilter, ApiError
         ("types" = Option<String>, Query, description = "Comma-separated kinds: enter, exit, dwell"),
         ("fence" = Option<String>, Query, description = "Fence id glob"),
         ("device" = Option<String>, Query, description = "Device id"),
+        ("since" = Option<String>, Query, description = "Only events with `at` at or after this time (RFC 3339 or Unix ms)"),
+        ("until" = Option<String>, Query, description = "Only events with `at` before this time (RFC 3339 or Unix ms)"),
     ),
     responses(
         (status = 101, description = "Switching to WebSocket"),
@@ -284,7 +335,6 @@ pub async fn subscribe(
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let Query(q) = query?;
-    check_known(&q, &["from_seq", "types", "fence", "device"])?;
     let from = parse_u64(&q, "from_seq")?;
     let filter = parse_filter(&q)?;
     let ws = ws.map_err(ApiError::from)?;
@@ -384,7 +434,7 @@ async fn run_subscriber(
             let mut queued = 0u64;
             let mut failed = false;
             for e in &events {
-                if filter.matches(e.event.kind(), e.event.fence(), e.event.device()) {
+                if filter.matches_event(&e.event) {
                     // Cached for events near the head (the live case); rendered for a replay.
                     let fed = tokio::time::timeout(
                         SEND_TIMEOUT,

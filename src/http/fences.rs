@@ -13,14 +13,20 @@ use serde::Serialize;
 use utoipa::openapi::{RefOr, schema::Schema};
 use utoipa::{PartialSchema, ToSchema};
 
-use crate::fences::FenceWriteError;
+use std::collections::HashMap;
+
+use axum::extract::Query;
+use axum::extract::rejection::QueryRejection;
+
+use crate::fences::{FenceWriteError, Stored};
 use crate::http::auth::Refused;
 use crate::http::body::{self, Accept};
 use crate::http::error::{ApiError, ErrorBody, ErrorDetails, FenceProblem};
+use crate::http::events::parse_u64;
 use crate::http::openapi::{FenceBody, FenceCollection, FenceFeature};
 use crate::ingest::BatchError;
 use crate::state::AppState;
-use geodwell_core::fences::{FenceError, FenceErrorKind, FenceErrors};
+use geodwell_core::fences::{FenceError, FenceErrorKind, FenceErrors, Rect};
 
 /// A fence as answered: a GeoJSON Feature. The `geojson` crate's types have no OpenAPI schema,
 /// so this one borrows [`FenceFeature`]'s (name included: the document calls it `FenceFeature`).
@@ -219,31 +225,172 @@ pub async fn get_fence(
         .into_response())
 }
 
-/// `GET /v1/fences`: all fences as a FeatureCollection, sorted by id.
+/// Largest page `GET /v1/fences` answers.
+pub const MAX_FENCE_PAGE: usize = 10_000;
+/// Page length of `GET /v1/fences` without `limit`.
+pub const DEFAULT_FENCE_PAGE: usize = 1_000;
+
+/// Which fences `GET /v1/fences` lists.
+#[derive(Debug, Clone, PartialEq)]
+enum Filter {
+    All,
+    /// `contains=LAT,LON`.
+    Contains {
+        lat: f64,
+        lon: f64,
+    },
+    /// `bbox=W,S,E,N` (a window across the antimeridian, `W > E`, is two rectangles).
+    Window(Vec<Rect>),
+}
+
+fn number(v: &str) -> Option<f64> {
+    v.trim().parse::<f64>().ok().filter(|x| x.is_finite())
+}
+
+fn parse_contains(v: &str) -> Result<Filter, ApiError> {
+    let bad = || {
+        ApiError::bad_request(
+            "bad_query",
+            format!(
+                "contains must be LAT,LON with -90 <= LAT <= 90 and -180 <= LON <= 180, got {v:?}"
+            ),
+        )
+    };
+    let (lat, lon) = v.split_once(',').ok_or_else(bad)?;
+    let (lat, lon) = (number(lat).ok_or_else(bad)?, number(lon).ok_or_else(bad)?);
+    if !(-90.0..=90.0).contains(&lat) || !(-180.0..=180.0).contains(&lon) {
+        return Err(bad());
+    }
+    Ok(Filter::Contains { lat, lon })
+}
+
+fn parse_bbox(v: &str) -> Result<Filter, ApiError> {
+    let bad = || {
+        ApiError::bad_request(
+            "bad_query",
+            format!(
+                "bbox must be WEST,SOUTH,EAST,NORTH in degrees (longitudes in -180..=180, \
+                 latitudes in -90..=90, SOUTH <= NORTH; WEST > EAST crosses the antimeridian), got {v:?}"
+            ),
+        )
+    };
+    let n: Vec<f64> = v
+        .split(',')
+        .map(number)
+        .collect::<Option<_>>()
+        .ok_or_else(bad)?;
+    let [w, s, e, north] = n[..] else {
+        return Err(bad());
+    };
+    let lon_ok = |x: f64| (-180.0..=180.0).contains(&x);
+    let lat_ok = |x: f64| (-90.0..=90.0).contains(&x);
+    if !(lon_ok(w) && lon_ok(e) && lat_ok(s) && lat_ok(north) && s <= north) {
+        return Err(bad());
+    }
+    let rect = |min_lon, max_lon| Rect {
+        min_lon,
+        min_lat: s,
+        max_lon,
+        max_lat: north,
+    };
+    Ok(Filter::Window(if w <= e {
+        vec![rect(w, e)]
+    } else {
+        vec![rect(w, 180.0), rect(-180.0, e)]
+    }))
+}
+
+/// `GET /v1/fences`: a page of fences as a FeatureCollection, sorted by id, with `next_after`.
 #[utoipa::path(get, path = "/v1/fences", tag = "fences",
-    description = "Every fence, sorted by id. Scope: read.",
+    description = "Fences sorted by id, a page at a time: all of them, those containing a point (`contains`, the engine's own test: boundary inclusive, circles included), or those sharing a point with a window (`bbox`). The answer is a GeoJSON FeatureCollection with `next_after`: pass it back as `after` for the next page (null on the last). Scope: read.",
+    params(
+        ("limit" = Option<u64>, Query, minimum = 1, maximum = 10000, description = "Page length (default 1000)"),
+        ("after" = Option<String>, Query, description = "`next_after` of the previous page"),
+        ("contains" = Option<String>, Query, description = "`LAT,LON`: only fences containing the point"),
+        ("bbox" = Option<String>, Query, description = "`WEST,SOUTH,EAST,NORTH` (degrees; WEST > EAST crosses the antimeridian): only fences sharing a point with the window"),
+    ),
     responses(
-        (status = 200, description = "The fences", body = FenceCollectionOut),
+        (status = 200, description = "A page of fences", body = FenceCollectionOut),
+        (status = 400, description = "Bad request", body = ErrorBody),
         Refused,
     ))]
-pub async fn list_fences(State(st): State<Arc<AppState>>) -> Response {
-    // Streamed a few fences at a time, in id order, as the client reads: 100,000 fences are
-    // tens of MB of text, which a client that reads slowly would otherwise hold in memory. A
-    // fence written while the answer is being read is in it if its id comes after the last one
-    // written out.
+pub async fn list_fences(
+    State(st): State<Arc<AppState>>,
+    query: Result<Query<HashMap<String, String>>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) = query?;
+    let limit = parse_u64(&q, "limit")?.unwrap_or(DEFAULT_FENCE_PAGE as u64);
+    if limit == 0 || limit > MAX_FENCE_PAGE as u64 {
+        return Err(ApiError::bad_request(
+            "bad_query",
+            format!("limit must be in 1..={MAX_FENCE_PAGE}"),
+        ));
+    }
+    let limit = limit as usize;
+    let after = q.get("after").cloned();
+    let filter = match (q.get("contains"), q.get("bbox")) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad_request(
+                "bad_query",
+                "contains and bbox cannot be combined; ask one of them",
+            ));
+        }
+        (Some(c), None) => parse_contains(c)?,
+        (None, Some(b)) => parse_bbox(b)?,
+        (None, None) => Filter::All,
+    };
+    // The filtered answers are computed at once (the matches of a point or a window, in id
+    // order); the full listing is read from the registry a few fences at a time as the client
+    // reads, since a page of large fences is tens of MB of text.
+    let matches = match &filter {
+        Filter::All => None,
+        Filter::Contains { lat, lon } => Some(st.fences().containing(*lon, *lat)),
+        Filter::Window(w) => Some(st.fences().meeting(w)),
+    };
+    let matches = matches.map(|m| {
+        let from = after
+            .as_deref()
+            .map_or(0, |a| m.partition_point(|s| &*s.fence.id <= a));
+        m[from..]
+            .iter()
+            .take(limit + 1)
+            .cloned()
+            .collect::<Vec<_>>()
+    });
     struct List {
         st: Arc<AppState>,
+        /// The filter's matches from `after` on (at most `limit + 1`), or `None` for all.
+        matches: Option<std::vec::IntoIter<Stored>>,
         after: Option<String>,
+        left: usize,
+        wrote_any: bool,
         started: bool,
         done: bool,
     }
+    impl List {
+        /// The next fence after `after`, if the page has room for it.
+        fn next(&mut self) -> Option<Stored> {
+            match &mut self.matches {
+                Some(m) => m.next(),
+                None => self
+                    .st
+                    .fences()
+                    .page(self.after.as_deref(), 1)
+                    .into_iter()
+                    .next(),
+            }
+        }
+    }
     let list = List {
         st,
-        after: None,
+        matches: matches.map(Vec::into_iter),
+        after,
+        left: limit,
+        wrote_any: false,
         started: false,
         done: false,
     };
-    crate::http::stream::json(list, |l| {
+    Ok(crate::http::stream::json(list, |l| {
         if l.done {
             return None;
         }
@@ -253,22 +400,28 @@ pub async fn list_fences(State(st): State<Arc<AppState>>) -> Response {
             piece.push_str(r#"{"type":"FeatureCollection","features":["#);
         }
         while piece.len() < crate::http::stream::PIECE_BYTES {
-            let page = l.st.fences().page(l.after.as_deref(), 64);
-            for s in &page {
-                if l.after.is_some() {
-                    piece.push(',');
-                }
-                piece.push_str(&s.json);
-                l.after = Some(s.fence.id.to_string());
-            }
-            if page.len() < 64 {
+            let Some(s) = l.next() else {
                 l.done = true;
-                piece.push_str("]}");
+                piece.push_str(r#"],"next_after":null}"#);
+                break;
+            };
+            if l.left == 0 {
+                // One more fence exists: the page ends at the last one written.
+                l.done = true;
+                let last = serde_json::to_string(&l.after).unwrap_or_else(|_| "null".into());
+                piece.push_str(&format!(r#"],"next_after":{last}}}"#));
                 break;
             }
+            if l.wrote_any {
+                piece.push(',');
+            }
+            piece.push_str(&s.json);
+            l.wrote_any = true;
+            l.left -= 1;
+            l.after = Some(s.fence.id.to_string());
         }
         Some(piece)
-    })
+    }))
 }
 
 /// `DELETE /v1/fences/{id}`: drops the fence, its pairs and their timers.

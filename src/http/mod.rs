@@ -14,6 +14,7 @@ pub mod ingest_ws;
 pub mod openapi;
 pub mod ops;
 pub mod origin;
+pub mod query;
 pub mod server;
 pub mod stream;
 pub mod trackers;
@@ -41,6 +42,7 @@ use error::ApiError;
 pub fn router(state: Arc<AppState>) -> Router {
     let (documented, mut api) = documented_routes().split_for_parts();
     openapi::tune(&mut api, state.config());
+    let known_params = Arc::new(query::KnownParams::of(&api));
     // Through a `Value`, whose maps sort their keys: the text keeps one order whatever utoipa's
     // own map types are.
     let api_json: Arc<str> = serde_json::to_value(&api)
@@ -62,6 +64,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/", get(ui::index))
         .route("/ui/{*path}", get(ui::asset))
+        .route_layer(middleware::from_fn_with_state(known_params, query::strict))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), auth::require));
     // Outermost last: every request is counted (`track`), then pages from other origins are turned away before CORS and authentication see them.

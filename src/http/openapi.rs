@@ -327,6 +327,19 @@ pub struct EventOut {
     pub emitted_at: Option<String>,
     /// The fence's tags at emission.
     pub tags: Value,
+    /// The fence's name at emission (absent when it has none).
+    #[schema(nullable = false)]
+    pub name: Option<String>,
+    /// ENTER and EXIT: latitude of the fix that decided the event (the fix completing its
+    /// confirmation run).
+    #[schema(nullable = false, minimum = -90.0, maximum = 90.0)]
+    pub lat: Option<f64>,
+    /// ENTER and EXIT: longitude of the deciding fix.
+    #[schema(nullable = false, minimum = -180.0, maximum = 180.0)]
+    pub lon: Option<f64>,
+    /// ENTER and EXIT: the deciding fix's accuracy in metres, when it reported one.
+    #[schema(nullable = false, minimum = 0.0)]
+    pub accuracy: Option<f64>,
 }
 
 /// Event kinds.

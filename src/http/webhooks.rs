@@ -315,12 +315,7 @@ pub async fn list_dead_letters(
 ) -> Result<Json<DeadLetters>, ApiError> {
     let Path(id) = path?;
     let Query(q) = query?;
-    if let Some(k) = q.keys().find(|k| k.as_str() != "limit") {
-        return Err(ApiError::bad_request(
-            "bad_query",
-            format!("unknown query parameter {k:?}; known: limit"),
-        ));
-    }
+    // Unknown parameters were refused by `crate::http::query`.
     let max = st.config().max_poll_limit;
     let limit = match q.get("limit") {
         None => max,

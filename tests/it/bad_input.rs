@@ -748,7 +748,9 @@ async fn bad_query_parameters_are_400() {
         "limit=many",
         "limit=10001",
         "colour=blue",
-        "from_seq=0&fence=a",
+        "from_seq=0&fenc=a",
+        "types=arrive",
+        "since=yesterday",
     ] {
         let got = app.get(&format!("/v1/events?{q}")).await;
         let body = assert_error(got, 400, "bad_query");

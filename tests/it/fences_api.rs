@@ -435,3 +435,265 @@ async fn deleting_a_fence_drops_its_pairs() {
     assert_eq!(v["events"].as_array().unwrap().len(), 1, "{v}");
     srv.stop().await;
 }
+
+fn rect_fence(id: &str, w: f64, s: f64, e: f64, n: f64) -> Value {
+    json!({"type": "Feature", "id": id, "properties": {}, "geometry": {"type": "Polygon",
+        "coordinates": [[[w, s], [e, s], [e, n], [w, n], [w, s]]]}})
+}
+
+/// Every fence id of a listing, page by page (`limit` each), checking that each page but the
+/// last is full and names its last id as `next_after`.
+async fn all_pages(srv: &Srv, query: &str, limit: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut path = format!("/v1/fences?limit={limit}&{query}");
+        if let Some(a) = &after {
+            path.push_str(&format!("&after={a}"));
+        }
+        let (s, page) = srv.get(&path).await;
+        assert_eq!(s, 200, "{path}: {page}");
+        assert_eq!(page["type"], "FeatureCollection");
+        let got = ids(&page);
+        assert!(got.len() <= limit, "{path}: {page}");
+        out.extend(got.iter().cloned());
+        match page["next_after"].as_str() {
+            Some(next) => {
+                assert_eq!(
+                    got.len(),
+                    limit,
+                    "only a full page names a next one: {page}"
+                );
+                assert_eq!(Some(next), got.last().map(String::as_str));
+                after = Some(next.to_string());
+            }
+            None => {
+                assert!(page["next_after"].is_null(), "{page}");
+                return out;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_are_paged_and_queried_by_point_and_window_as_the_engine_sees_them() {
+    let srv = start(EVENT_MODE).await;
+    // 25 one-degree squares side by side along the equator, a big square over all of them with
+    // a hole, a circle, and two squares either side of the antimeridian.
+    let mut features: Vec<Value> = (0..25)
+        .map(|i| rect_fence(&format!("g{i:02}"), i as f64, 0.0, i as f64 + 1.0, 1.0))
+        .collect();
+    let mut big = rect_fence("big", 0.0, -5.0, 30.0, 5.0);
+    big["geometry"]["coordinates"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!([
+            [12.2, 0.2],
+            [12.8, 0.2],
+            [12.8, 0.8],
+            [12.2, 0.8],
+            [12.2, 0.2]
+        ]));
+    features.push(big);
+    features.push(
+        json!({"type": "Feature", "id": "ring", "properties": {"radius_m": 1000},
+        "geometry": {"type": "Point", "coordinates": [5.5, 0.5]}}),
+    );
+    features.push(rect_fence("east", 179.0, 0.0, 180.0, 1.0));
+    features.push(rect_fence("west", -180.0, 0.0, -179.0, 1.0));
+    let (s, r) = post(
+        &srv,
+        json!({"type": "FeatureCollection", "features": features}),
+    )
+    .await;
+    assert_eq!(s, 201, "{r}");
+    let mut every: Vec<String> = (0..25).map(|i| format!("g{i:02}")).collect();
+    every.extend(["big", "ring", "east", "west"].map(String::from));
+    every.sort();
+
+    // Paging to the end gives every fence once, in id order, whatever the page length.
+    for limit in [1, 7, 29, 1000] {
+        assert_eq!(all_pages(&srv, "", limit).await, every, "limit {limit}");
+    }
+    // Without limit: one page of up to 1000.
+    let (_, page) = srv.get("/v1/fences").await;
+    assert_eq!(ids(&page), every);
+    assert!(page["next_after"].is_null());
+
+    // Points: inside, on a shared edge (boundary inclusive), in the hole, on the circle.
+    let cases: [(&str, &[&str]); 6] = [
+        ("0.5,5.5", &["big", "g05", "ring"]),
+        ("0.5,1", &["big", "g00", "g01"]),
+        ("0.5,12.5", &["g12"]),
+        ("0.5,12.2", &["big", "g12"]),
+        ("3,3", &["big"]),
+        ("0.5,180", &["east", "west"]),
+    ];
+    for (point, want) in cases {
+        assert_eq!(
+            all_pages(&srv, &format!("contains={point}"), 2).await,
+            want,
+            "contains={point}"
+        );
+    }
+    assert_eq!(
+        all_pages(&srv, "contains=-45,-45", 5).await,
+        Vec::<String>::new()
+    );
+
+    // Windows: overlapping, touching, inside the hole, across the antimeridian.
+    let cases: [(&str, &[&str]); 4] = [
+        ("4.2,0.2,6.8,0.8", &["big", "g04", "g05", "g06", "ring"]),
+        ("30,5,31,6", &["big"]),
+        ("12.3,0.3,12.7,0.7", &["g12"]),
+        ("179.5,0.5,-179.5,0.6", &["east", "west"]),
+    ];
+    for (bbox, want) in cases {
+        assert_eq!(
+            all_pages(&srv, &format!("bbox={bbox}"), 2).await,
+            want,
+            "bbox={bbox}"
+        );
+    }
+    assert_eq!(all_pages(&srv, "bbox=-180,-90,180,90", 4).await, every);
+
+    // The engine agrees: a device at each point is inside exactly the fences listed for it.
+    for (n, (lat, lon)) in [(0.5, 5.5), (0.5, 1.0), (0.5, 12.2), (0.5, 180.0)]
+        .into_iter()
+        .enumerate()
+    {
+        let dev = format!("probe-{n}");
+        let (s, r) = srv
+            .post_fixes(json!([{"device": dev, "ts": T0 + n as i64, "lat": lat, "lon": lon}]))
+            .await;
+        assert_eq!(s, 200, "{r}");
+        let want = all_pages(&srv, &format!("contains={lat},{lon}"), 100).await;
+        // Event clock, lateness 0: the fix is applied as soon as its batch is; poll anyway.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let inside = loop {
+            let (_, d) = srv.get(&format!("/v1/devices/{dev}")).await;
+            let mut fences: Vec<String> = d["pairs"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|p| p["state"] == "inside")
+                .map(|p| p["fence"].as_str().unwrap().to_string())
+                .collect();
+            fences.sort();
+            if fences == want {
+                break Some(fences);
+            }
+            if std::time::Instant::now() > deadline {
+                break None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(inside.is_some(), "device at {lat},{lon}: want {want:?}");
+    }
+
+    // Bad parameters: one clear 400 each, naming what is wrong.
+    for (q, needle) in [
+        ("contains=91,0", "contains"),
+        ("contains=abc", "contains"),
+        ("contains=1", "contains"),
+        ("bbox=1,2,3", "bbox"),
+        ("bbox=0,5,1,4", "bbox"),
+        ("bbox=0,0,181,1", "bbox"),
+        ("limit=0", "limit"),
+        ("limit=10001", "limit"),
+        ("limit=x", "limit"),
+        ("contains=0,0&bbox=0,0,1,1", "combined"),
+        ("colour=red", "\"colour\""),
+    ] {
+        let (s, e) = srv.get(&format!("/v1/fences?{q}")).await;
+        assert_eq!(s, 400, "{q}: {e}");
+        assert_eq!(e["error"]["code"], "bad_query", "{q}: {e}");
+        let msg = e["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(needle), "{q}: {msg}");
+    }
+    // Every route refuses what it does not take, including those that take nothing.
+    for path in [
+        "/v1/fences/g00?x=1",
+        "/v1/devices?colour=red",
+        "/v1/events?fenc=a",
+        "/healthz?x=1",
+    ] {
+        let (s, e) = srv.get(path).await;
+        assert_eq!(
+            (s, e["error"]["code"].clone()),
+            (400, json!("bad_query")),
+            "{path}: {e}"
+        );
+    }
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_carry_the_fence_name_and_the_deciding_fix() {
+    let srv = start(EVENT_MODE).await;
+    let props = json!({"name": "North depot", "enter_confirm": 2, "dwell": ["1m"]});
+    assert_eq!(put(&srv, "depot", square("depot", props)).await.0, 201);
+    assert_eq!(put(&srv, "plain", square("plain", json!({}))).await.0, 201);
+    let at = |s: i64| T0 + s * 1000;
+    let fixes = json!([
+        {"device": "t1", "ts": at(0), "lat": 50.002, "lon": 10.002, "accuracy": 5.5},
+        {"device": "t1", "ts": at(10), "lat": 50.004, "lon": 10.006},
+        {"device": "t1", "ts": at(100), "lat": 50.05, "lon": 10.05, "accuracy": 30},
+    ]);
+    let (s, r) = srv.post_fixes(fixes).await;
+    assert_eq!(s, 200, "{r}");
+    // plain: ENTER at 0 (confirm 1), EXIT at 100; depot: ENTER (confirmed by the fix at 10),
+    // DWELL 1m, EXIT at 100.
+    let events = srv.events(5).await;
+    assert_eq!(events.len(), 5, "{events:?}");
+    let find = |fence: &str, kind: &str| {
+        events
+            .iter()
+            .find(|e| e["fence"] == fence && e["type"] == kind)
+            .unwrap_or_else(|| panic!("no {kind} of {fence}: {events:?}"))
+            .clone()
+    };
+    let enter = find("depot", "enter");
+    assert_eq!(enter["name"], "North depot");
+    // `at` is the run's first fix; the position is the fix that confirmed it (no accuracy).
+    assert_eq!(enter["entered_at"], enter["at"]);
+    assert_eq!(
+        (enter["lat"].clone(), enter["lon"].clone()),
+        (json!(50.004), json!(10.006))
+    );
+    assert!(enter.get("accuracy").is_none(), "{enter}");
+    let dwell = find("depot", "dwell");
+    assert_eq!(dwell["name"], "North depot");
+    for k in ["lat", "lon", "accuracy"] {
+        assert!(dwell.get(k).is_none(), "DWELL has no position: {dwell}");
+    }
+    let exit = find("depot", "exit");
+    assert_eq!(
+        (
+            exit["name"].clone(),
+            exit["lat"].clone(),
+            exit["lon"].clone(),
+            exit["accuracy"].clone()
+        ),
+        (
+            json!("North depot"),
+            json!(50.05),
+            json!(10.05),
+            json!(30.0)
+        )
+    );
+    let plain = find("plain", "enter");
+    assert!(
+        plain.get("name").is_none(),
+        "a fence without a name: {plain}"
+    );
+    assert_eq!(
+        (
+            plain["lat"].clone(),
+            plain["lon"].clone(),
+            plain["accuracy"].clone()
+        ),
+        (json!(50.002), json!(10.002), json!(5.5))
+    );
+    srv.stop().await;
+}

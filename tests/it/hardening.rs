@@ -518,13 +518,13 @@ async fn a_large_answer_is_streamed_and_readers_that_stop_cost_little() {
     );
     let pid = child.id();
     let http = reqwest::Client::new();
-    // 40,000 fences with 500 bytes of tags each: an answer of about 30 MB, several times what
-    // the kernel buffers of a connection hold.
-    for part in 0..4 {
-        let features: Vec<Value> = (part * 10_000..(part + 1) * 10_000)
+    // 40,000 fences with 1,500 bytes of tags each: a page of 10,000 (the largest) is about
+    // 17 MB, several times what the kernel buffers of a connection hold.
+    for part in 0..16 {
+        let features: Vec<Value> = (part * 2_500..(part + 1) * 2_500)
             .map(|i| {
                 let (x, y) = ((i % 200) as f64 * 0.01, (i / 200) as f64 * 0.01);
-                json!({"type": "Feature", "id": format!("f{i:05}"), "properties": {"tags": {"note": "x".repeat(500)}},
+                json!({"type": "Feature", "id": format!("f{i:05}"), "properties": {"tags": {"note": "x".repeat(1500)}},
                     "geometry": {"type": "Polygon", "coordinates": [[[x, y], [x + 0.005, y], [x + 0.005, y + 0.005], [x, y + 0.005], [x, y]]]}})
             })
             .collect();
@@ -536,27 +536,39 @@ async fn a_large_answer_is_streamed_and_readers_that_stop_cost_little() {
             .unwrap();
         assert_eq!(r.status().as_u16(), 201);
     }
-    // One whole read: every fence, in id order, as one FeatureCollection.
-    let all: Value = http
-        .get(format!("{base}/v1/fences"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let list = all["features"].as_array().unwrap();
-    assert_eq!(list.len(), 40_000);
-    assert_eq!(list[0]["id"], "f00000");
-    assert_eq!(list[39_999]["id"], "f39999");
-    let size = all.to_string().len();
+    // Read whole, page by page: every fence, in id order.
+    let mut ids = Vec::new();
+    let mut after: Option<String> = None;
+    let mut size = 0;
+    loop {
+        let url = match &after {
+            Some(a) => format!("{base}/v1/fences?limit=10000&after={a}"),
+            None => format!("{base}/v1/fences?limit=10000"),
+        };
+        let page: Value = http.get(url).send().await.unwrap().json().await.unwrap();
+        size = size.max(page.to_string().len());
+        for f in page["features"].as_array().unwrap() {
+            ids.push(f["id"].as_str().unwrap().to_string());
+        }
+        match page["next_after"].as_str() {
+            Some(a) => after = Some(a.to_string()),
+            None => break,
+        }
+    }
+    assert_eq!(ids.len(), 40_000);
+    assert_eq!(ids[0], "f00000");
+    assert_eq!(ids[39_999], "f39999");
+    assert!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "in id order, once each"
+    );
     // 50 clients ask for it and never read.
     let (before, _) = rss(pid);
     let addr = base.trim_start_matches("http://").to_string();
     let mut stalled = Vec::new();
     for _ in 0..50 {
         let mut s = TcpStream::connect(&addr).await.unwrap();
-        s.write_all(b"GET /v1/fences HTTP/1.1\r\nhost: x\r\n\r\n")
+        s.write_all(b"GET /v1/fences?limit=10000 HTTP/1.1\r\nhost: x\r\n\r\n")
             .await
             .unwrap();
         stalled.push(s);

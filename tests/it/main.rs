@@ -19,6 +19,7 @@ mod cli;
 mod cluster;
 mod durability;
 mod e2e;
+mod events_api;
 mod fences_api;
 mod first_impression;
 mod hardening;

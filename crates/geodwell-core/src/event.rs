@@ -151,6 +151,19 @@ pub struct Event {
     /// The fence's tags at emission: the fence's own shared value, not a copy (serialized as the
     /// value itself, so the JSON is the same as for an unshared one).
     pub tags: Arc<serde_json::Value>,
+    /// The fence's name at emission, when it has one (shared with the fence).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub name: Option<Arc<str>>,
+    /// ENTER and EXIT: the latitude of the fix that decided the event (the fix that completed
+    /// its confirmation run; with a confirm count of 1, the fix at `at`).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub lat: Option<f64>,
+    /// ENTER and EXIT: the deciding fix's longitude.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub lon: Option<f64>,
+    /// ENTER and EXIT: the deciding fix's accuracy in metres, when it reported one.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub accuracy: Option<f64>,
 }
 
 impl Event {
@@ -173,6 +186,10 @@ impl Event {
             duration_s: None,
             emitted_at: None,
             tags: tags.clone(),
+            name: None,
+            lat: None,
+            lon: None,
+            accuracy: None,
         }
     }
 
@@ -196,7 +213,26 @@ impl Event {
             duration_s: Some(Secs(at.since(entered_at))),
             emitted_at: None,
             tags: tags.clone(),
+            name: None,
+            lat: None,
+            lon: None,
+            accuracy: None,
         }
+    }
+
+    /// The event with the fence's `name` (any kind; the id does not depend on it).
+    pub fn named(mut self, name: Option<&Arc<str>>) -> Event {
+        self.name = name.cloned();
+        self
+    }
+
+    /// The event with the position of the fix that decided it (ENTER and EXIT; the id does not
+    /// depend on it).
+    pub fn at_fix(mut self, lat: f64, lon: f64, accuracy: Option<f64>) -> Event {
+        self.lat = Some(lat);
+        self.lon = Some(lon);
+        self.accuracy = accuracy;
+        self
     }
 
     /// A DWELL of threshold `threshold` for the visit that started at `entered_at`.
@@ -225,6 +261,10 @@ impl Event {
             duration_s: None,
             emitted_at: None,
             tags: tags.clone(),
+            name: None,
+            lat: None,
+            lon: None,
+            accuracy: None,
         }
     }
 }
@@ -277,5 +317,30 @@ mod tests {
         assert_eq!(v["id"].as_str().unwrap().len(), 32);
         let back: Event = serde_json::from_value(v).unwrap();
         assert_eq!(back, e);
+        // The fence name and the deciding fix are additive: absent when unknown, and the id
+        // stays what the same content derived before.
+        for k in ["name", "lat", "lon", "accuracy"] {
+            assert!(serde_json::to_value(&e).unwrap().get(k).is_none(), "{k}");
+        }
+        let name: Arc<str> = Arc::from("Depot 3");
+        let rich = e.clone().named(Some(&name)).at_fix(53.5, 9.9, Some(12.5));
+        assert_eq!(rich.id, e.id);
+        let v = serde_json::to_value(&rich).unwrap();
+        assert_eq!(
+            (
+                v["name"].clone(),
+                v["lat"].clone(),
+                v["lon"].clone(),
+                v["accuracy"].clone()
+            ),
+            (
+                serde_json::json!("Depot 3"),
+                serde_json::json!(53.5),
+                serde_json::json!(9.9),
+                serde_json::json!(12.5)
+            )
+        );
+        let back: Event = serde_json::from_value(v).unwrap();
+        assert_eq!(back, rich);
     }
 }

@@ -49,8 +49,19 @@ struct Run1 {
 
 struct Visit {
     entered_at: Ts,
+    /// The fix that confirmed the ENTER.
+    enter_fix: Pos,
     /// (EXIT time, ts of the fix that confirmed it)
     exit: Option<(Ts, Ts)>,
+    /// The fix that confirmed the EXIT.
+    exit_fix: Option<Pos>,
+}
+
+/// A deciding fix's position: (lat, lon, accuracy).
+type Pos = (f64, f64, Option<f64>);
+
+fn pos(f: &Fix) -> Pos {
+    (f.lat, f.lon, f.accuracy)
 }
 
 fn naive_pair(dev: &Arc<str>, fence: &Fence, all: &[&Fix], w_final: Ts, events: &mut Vec<Event>) {
@@ -88,7 +99,9 @@ fn naive_pair(dev: &Arc<str>, fence: &Fence, all: &[&Fix], w_final: Ts, events: 
             if counts_outside(f) {
                 let r = push(run);
                 if r.count >= s.exit_confirm {
-                    visits.last_mut().unwrap().exit = Some((r.first, f.ts));
+                    let v = visits.last_mut().unwrap();
+                    v.exit = Some((r.first, f.ts));
+                    v.exit_fix = Some(pos(f));
                     inside = false;
                     run = None;
                 } else {
@@ -102,7 +115,9 @@ fn naive_pair(dev: &Arc<str>, fence: &Fence, all: &[&Fix], w_final: Ts, events: 
             if r.count >= s.enter_confirm {
                 visits.push(Visit {
                     entered_at: r.first,
+                    enter_fix: pos(f),
                     exit: None,
+                    exit_fix: None,
                 });
                 inside = true;
                 run = None;
@@ -115,14 +130,24 @@ fn naive_pair(dev: &Arc<str>, fence: &Fence, all: &[&Fix], w_final: Ts, events: 
         after.push((inside, run));
     }
 
+    let name = fence.name.as_ref();
     for v in &visits {
-        events.push(Event::enter(dev, &fence.id, v.entered_at, &s.tags));
-        if let Some((x, _)) = v.exit {
-            events.push(Event::exit(dev, &fence.id, v.entered_at, x, &s.tags));
+        let (lat, lon, acc) = v.enter_fix;
+        events.push(
+            Event::enter(dev, &fence.id, v.entered_at, &s.tags)
+                .named(name)
+                .at_fix(lat, lon, acc),
+        );
+        if let (Some((x, _)), Some((lat, lon, acc))) = (v.exit, v.exit_fix) {
+            events.push(
+                Event::exit(dev, &fence.id, v.entered_at, x, &s.tags)
+                    .named(name)
+                    .at_fix(lat, lon, acc),
+            );
         }
         for &dur in &s.dwell {
             if dwell_fires(v, dur, s, &fx, &after, all, w_final, &counts_outside) {
-                events.push(Event::dwell(dev, &fence.id, v.entered_at, dur, &s.tags));
+                events.push(Event::dwell(dev, &fence.id, v.entered_at, dur, &s.tags).named(name));
             }
         }
     }

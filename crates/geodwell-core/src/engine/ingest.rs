@@ -134,7 +134,7 @@ impl Engine {
             let alive = match self.fences.get(pair.fence) {
                 // The id is looked up only when an event is made: most steps make none.
                 Some(fence) => pair.catch_up(&fence.settings, bound, last, &mut |o| {
-                    out.push(to_event(o, ids.get(id_at), fence))
+                    out.push(to_event(o, ids.get(id_at), fence, None))
                 }),
                 None => Alive::No,
             };
@@ -165,7 +165,7 @@ impl Engine {
             }
             let class = classify(fence, pair.is_inside(), b.lon, b.lat);
             let alive = pair.on_fix(&fence.settings, b.ts, class, &mut |o| {
-                out.push(to_event(o, ids.get(id_at), fence))
+                out.push(to_event(o, ids.get(id_at), fence, Some(&b)))
             });
             if alive == Alive::No {
                 self.free_pair(d, p);
@@ -189,7 +189,7 @@ impl Engine {
             }
             let ids = &self.ids;
             let pair = Pair::start(idx, &fence.settings, b.ts, &mut |o| {
-                out.push(to_event(o, ids.get(id_at), fence))
+                out.push(to_event(o, ids.get(id_at), fence, Some(&b)))
             });
             self.insert_pair(d, pair);
         }
@@ -212,17 +212,31 @@ fn classify(fence: &Fence, inside: bool, lon: f64, lat: f64) -> FixClass {
     }
 }
 
-/// The event a pair's output stands for, for `device` and `fence`.
+/// The event a pair's output stands for, for `device` and `fence`; `fix` is the fix being
+/// applied, if any (ENTER and EXIT are only ever decided by one, and carry its position).
 #[inline]
-pub(super) fn to_event(o: PairOutput, device: &str, fence: &Fence) -> Event {
+pub(super) fn to_event(
+    o: PairOutput,
+    device: &str,
+    fence: &Fence,
+    fix: Option<&Buffered>,
+) -> Event {
     let device = &device;
     let tags = &fence.settings.tags;
-    match o {
+    let e = match o {
         PairOutput::Enter { entered_at } => Event::enter(device, &fence.id, entered_at, tags),
         PairOutput::Exit { entered_at, at } => Event::exit(device, &fence.id, entered_at, at, tags),
         PairOutput::Dwell {
             entered_at,
             threshold,
-        } => Event::dwell(device, &fence.id, entered_at, threshold, tags),
+        } => {
+            return Event::dwell(device, &fence.id, entered_at, threshold, tags)
+                .named(fence.name.as_ref());
+        }
+    };
+    let e = e.named(fence.name.as_ref());
+    match fix {
+        Some(b) => e.at_fix(b.lat, b.lon, b.accuracy),
+        None => e,
     }
 }

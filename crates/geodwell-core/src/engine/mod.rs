@@ -373,7 +373,7 @@ impl Engine {
                             &old.settings.dwell,
                             &fence.settings,
                             last,
-                            &mut |o| out.push(to_event(o, ids.get(id_at), &fence)),
+                            &mut |o| out.push(to_event(o, ids.get(id_at), &fence, None)),
                         );
                         touched = true;
                     }

@@ -70,6 +70,10 @@ fn fences(rng: &mut Rng) -> Vec<Arc<Fence>> {
         if rng.below(3) == 0 {
             p.insert("max_accuracy_m".into(), serde_json::json!(50));
         }
+        // Events carry the fence name when it has one: both sides must agree on it.
+        if rng.below(2) == 0 {
+            p.insert("name".into(), serde_json::json!("Site"));
+        }
         serde_json::Value::Object(p)
     };
     let a = square("A", props());
@@ -123,28 +127,40 @@ fn trace(rng: &mut Rng, devices: usize, dups: bool) -> Vec<Fix> {
     fixes
 }
 
-/// An event without `seq` / `emitted_at`, comparable across runs.
+/// An event without `seq` / `emitted_at`, comparable across runs: what it says, then its
+/// fence name and deciding fix (coordinates by their bits, exact).
 type Key = (
-    EventKind,
-    String,
-    String,
-    i64,
-    i64,
-    Option<i64>,
-    Option<i64>,
-    String,
+    (
+        EventKind,
+        String,
+        String,
+        i64,
+        i64,
+        Option<i64>,
+        Option<i64>,
+        String,
+    ),
+    (Option<String>, Option<u64>, Option<u64>, Option<u64>),
 );
 
 fn key(e: &Event) -> Key {
     (
-        e.kind,
-        e.device.to_string(),
-        e.fence.to_string(),
-        e.at.0,
-        e.entered_at.0,
-        e.dwell_s.map(|s| s.0.millis()),
-        e.duration_s.map(|s| s.0.millis()),
-        e.id.to_string(),
+        (
+            e.kind,
+            e.device.to_string(),
+            e.fence.to_string(),
+            e.at.0,
+            e.entered_at.0,
+            e.dwell_s.map(|s| s.0.millis()),
+            e.duration_s.map(|s| s.0.millis()),
+            e.id.to_string(),
+        ),
+        (
+            e.name.as_deref().map(str::to_string),
+            e.lat.map(f64::to_bits),
+            e.lon.map(f64::to_bits),
+            e.accuracy.map(f64::to_bits),
+        ),
     )
 }
 
@@ -363,7 +379,7 @@ proptest! {
         let mut y: Vec<Key> = parts.iter().map(key).collect();
         x.sort();
         y.sort();
-        let unique: std::collections::BTreeSet<&String> = y.iter().map(|k| &k.7).collect();
+        let unique: std::collections::BTreeSet<&String> = y.iter().map(|k| &k.0.7).collect();
         prop_assert_eq!(unique.len(), y.len(), "no event emitted twice");
         prop_assert_eq!(x, y);
     }

@@ -18,7 +18,7 @@
 //!
 //! Submodules: `parse` (GeoJSON in and out, errors, limits), `edges` (polygon storage, exact
 //! tests, distances, and the edge grid in `edges::grid`), `index` (the R-tree, and the point
-//! grid in `index::point_grid`).
+//! grid in `index::point_grid`), `window` (whether a fence meets a rectangle).
 
 use std::sync::Arc;
 
@@ -29,6 +29,7 @@ mod index;
 mod parse;
 #[cfg(test)]
 mod tests;
+mod window;
 
 pub use edges::{EARTH_RADIUS_M, EDGE_INDEX_THRESHOLD};
 pub use index::FenceIndex;
@@ -36,6 +37,8 @@ pub use parse::{
     DEFAULT_MAX_TEST_EDGES, FenceError, FenceErrorKind, FenceErrors, FenceLimits, KNOWN_PROPERTIES,
     parse_fences, parse_fences_str,
 };
+
+pub use window::Rect;
 
 use edges::{M_PER_DEG, PolyPart};
 
@@ -130,8 +133,9 @@ pub struct Fence {
     pub id: Arc<str>,
     /// Its tuning.
     pub settings: FenceSettings,
-    /// Optional human-readable name (`properties.name`), kept and served back.
-    pub name: Option<String>,
+    /// Optional human-readable name (`properties.name`), kept, served back and carried by
+    /// every event of the fence (shared, not copied, by each event).
+    pub name: Option<Arc<str>>,
     pub(crate) shape: Shape,
 }
 

@@ -350,6 +350,30 @@ impl FenceIndex {
         }
     }
 
+    /// Appends fences that share a point with the closed rectangle `r` (envelopes from the
+    /// R-tree, then [`Fence::meets_rect`]), each at most once, in no particular order.
+    pub fn meeting(&self, r: &super::Rect, out: &mut Vec<FenceIdx>) {
+        let window = AABB::from_corners(
+            [f32_down(r.min_lon), f32_down(r.min_lat)],
+            [f32_up(r.max_lon), f32_up(r.max_lat)],
+        );
+        let mut hits: Vec<u32> = self
+            .tree
+            .locate_in_envelope_intersecting(window)
+            .map(|e| e.idx)
+            .collect();
+        // A fence with several envelopes may be hit once per envelope.
+        hits.sort_unstable();
+        hits.dedup();
+        for i in hits {
+            if let Some(Some(slot)) = self.slots.get(i as usize)
+                && slot.fence.meets_rect(r)
+            {
+                out.push(FenceIdx(i));
+            }
+        }
+    }
+
     /// Appends fences that contain (lon, lat) (candidates + exact boundary-inclusive test),
     /// each at most once. One point-grid lookup: each envelope hit is tested against just the
     /// polygon part it bounds.

@@ -167,7 +167,7 @@ fn build(
     Some(Fence {
         id: Arc::from(id?),
         settings,
-        name,
+        name: name.map(Arc::from),
         shape: shape?,
     })
 }

@@ -16,7 +16,7 @@
 //! by the node's follower of that stream.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use thiserror::Error;
 use tokio::sync::oneshot;
@@ -24,8 +24,11 @@ use tokio::sync::oneshot;
 use crate::events::publisher::{PublishError, Publisher, Step};
 use crate::shard::Shards;
 use crate::store::input::{FenceChange, encode_fence_change};
-use crate::telemetry as t;
-use geodwell_core::fences::{Fence, FenceErrors, FenceLimits, parse_fences};
+use geodwell_core::fences::{Fence, FenceErrors, FenceLimits, Rect, parse_fences};
+
+mod map;
+
+pub use map::{FenceMap, Stored};
 
 /// Why a fence write was refused or failed.
 #[derive(Debug, Error)]
@@ -68,26 +71,6 @@ pub struct Written {
     pub replaced: usize,
 }
 
-/// A fence in the read copy, with its normalized GeoJSON Feature text (rendered once, when it is
-/// written: listings copy text instead of rendering every fence again for every reader).
-#[derive(Debug, Clone)]
-pub struct Stored {
-    /// The fence.
-    pub fence: Arc<Fence>,
-    /// `serde_json::to_string(&fence.to_feature())`.
-    pub json: Arc<str>,
-}
-
-impl Stored {
-    /// A fence and its rendered Feature text.
-    pub fn new(fence: Arc<Fence>) -> Stored {
-        let json = serde_json::to_string(&fence.to_feature())
-            .unwrap_or_default()
-            .into();
-        Stored { fence, json }
-    }
-}
-
 /// What the write lock guards besides the order of writes.
 #[derive(Debug, Default)]
 struct Changes {
@@ -95,92 +78,6 @@ struct Changes {
     next: u64,
     /// Fences changed since the last checkpoint, with the number of their latest change.
     since_checkpoint: BTreeMap<String, u64>,
-}
-
-/// The read copy of the fences: what the API lists and gets. Written only by whoever applies
-/// fence changes (the registry for one process; the fence log's follower in a cluster).
-#[derive(Debug, Default)]
-pub struct FenceMap {
-    read: RwLock<BTreeMap<String, Stored>>,
-}
-
-impl FenceMap {
-    /// A map holding `fences`.
-    pub fn new(fences: &[Arc<Fence>]) -> FenceMap {
-        let map = fences
-            .iter()
-            .map(|f| (f.id.to_string(), Stored::new(f.clone())))
-            .collect::<BTreeMap<_, _>>();
-        metrics::gauge!(t::FENCES).set(map.len() as f64);
-        FenceMap {
-            read: RwLock::new(map),
-        }
-    }
-
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Stored>> {
-        // A panic while holding the lock cannot leave the map half-written: writers only insert
-        // or remove whole entries.
-        self.read.read().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, Stored>> {
-        self.read.write().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The fence `id`, with its Feature text.
-    pub fn get(&self, id: &str) -> Option<Stored> {
-        self.read().get(id).cloned()
-    }
-
-    /// Whether fence `id` exists.
-    pub fn contains(&self, id: &str) -> bool {
-        self.read().contains_key(id)
-    }
-
-    /// How many fences there are.
-    pub fn len(&self) -> usize {
-        self.read().len()
-    }
-
-    /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
-        self.read().is_empty()
-    }
-
-    /// How many of `ids` are not held yet.
-    pub fn count_new<'a>(&self, ids: impl Iterator<Item = &'a str>) -> usize {
-        let map = self.read();
-        ids.filter(|id| !map.contains_key(*id)).count()
-    }
-
-    /// Inserts or replaces a fence.
-    pub fn insert(&self, s: Stored) {
-        let n = {
-            let mut w = self.write();
-            w.insert(s.fence.id.to_string(), s);
-            w.len()
-        };
-        metrics::gauge!(t::FENCES).set(n as f64);
-    }
-
-    /// Removes a fence.
-    pub fn remove(&self, id: &str) {
-        let n = {
-            let mut w = self.write();
-            w.remove(id);
-            w.len()
-        };
-        metrics::gauge!(t::FENCES).set(n as f64);
-    }
-
-    /// Replaces every fence at once (a cluster node loading a fence snapshot).
-    pub fn replace_all(&self, fences: impl Iterator<Item = Arc<Fence>>) {
-        let map: BTreeMap<String, Stored> =
-            fences.map(|f| (f.id.to_string(), Stored::new(f))).collect();
-        let n = map.len();
-        *self.write() = map;
-        metrics::gauge!(t::FENCES).set(n as f64);
-    }
 }
 
 /// Where fence writes go.
@@ -279,19 +176,22 @@ impl FenceRegistry {
 
     /// Every fence, sorted by id.
     pub fn list(&self) -> Vec<Arc<Fence>> {
-        self.map.read().values().map(|s| s.fence.clone()).collect()
+        self.map.list()
     }
 
     /// Up to `limit` fences with ids after `after` (from the first without), sorted by id.
     pub fn page(&self, after: Option<&str>, limit: usize) -> Vec<Stored> {
-        use std::ops::Bound;
-        let from = after.map_or(Bound::Unbounded, |a| Bound::Excluded(a.to_string()));
-        self.map
-            .read()
-            .range((from, Bound::Unbounded))
-            .take(limit)
-            .map(|(_, s)| s.clone())
-            .collect()
+        self.map.page(after, limit)
+    }
+
+    /// Every fence containing (lon, lat), by the engine's test, sorted by id.
+    pub fn containing(&self, lon: f64, lat: f64) -> Vec<Stored> {
+        self.map.containing(lon, lat)
+    }
+
+    /// Every fence sharing a point with any of `windows`, sorted by id.
+    pub fn meeting(&self, windows: &[Rect]) -> Vec<Stored> {
+        self.map.meeting(windows)
     }
 
     /// How many fences there are.
