@@ -31,7 +31,12 @@ pub fn required_scope(method: &Method, route: &str, open_metrics: bool) -> Optio
         r if r.starts_with("/v1/trackers/") => Some(Scope::Ingest),
         "/v1/fences" | "/v1/fences/{id}" if read => Some(Scope::Read),
         "/v1/fences" | "/v1/fences/{id}" => Some(Scope::Admin),
-        "/v1/devices" | "/v1/devices/{id}" | "/v1/events" | "/v1/events/ws" | "/v1/cluster"
+        "/v1/devices"
+        | "/v1/devices/{id}"
+        | "/v1/devices/{id}/visits"
+        | "/v1/events"
+        | "/v1/events/ws"
+        | "/v1/cluster"
             if read =>
         {
             Some(Scope::Read)
@@ -225,6 +230,10 @@ mod tests {
             Some(Scope::Admin)
         );
         assert_eq!(required_scope(&g, "/v1/events/ws", true), Some(Scope::Read));
+        assert_eq!(
+            required_scope(&g, "/v1/devices/{id}/visits", true),
+            Some(Scope::Read)
+        );
         assert_eq!(
             required_scope(&g, "/v1/trackers/osmand", true),
             Some(Scope::Ingest)

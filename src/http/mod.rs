@@ -19,6 +19,7 @@ pub mod server;
 pub mod stream;
 pub mod trackers;
 pub mod ui;
+pub mod visits;
 pub mod webhooks;
 
 use std::sync::Arc;
@@ -92,6 +93,7 @@ pub fn documented_routes() -> OpenApiRouter<Arc<AppState>> {
         ))
         .routes(routes!(devices::list_devices))
         .routes(routes!(devices::get_device))
+        .routes(routes!(visits::list_visits))
         .routes(routes!(events::poll))
         .routes(routes!(events::subscribe))
         .routes(routes!(ingest_ws::ingest_ws))

@@ -130,3 +130,111 @@ async fn check(srv: &Srv, all: &[Value], filter: &str, keep: &dyn Fn(&Value) -> 
 fn urlencode(s: &str) -> String {
     s.replace('+', "%2B").replace(':', "%3A")
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_devices_visits_are_rebuilt_from_the_event_log_and_paged() {
+    let srv = start(EVENT_MODE).await;
+    for (id, lon) in [("yard-1", 0.0), ("yard-2", 2.0), ("dock-1", 4.0)] {
+        assert_eq!(srv.put_fence(id, fence_at(id, lon)).await.status(), 201);
+    }
+    // t0 visits yard-1 (5 min, DWELL 1m), yard-2 (30 s: no DWELL), dock-1 (still inside);
+    // t1 visits yard-1 only.
+    let fix = |d: &str, s: i64, lon: f64| json!({"device": d, "ts": T0 + s * 1000, "lat": 0.5, "lon": lon});
+    let fixes = json!([
+        fix("t0", 0, 0.5),
+        fix("t1", 1, 0.5),
+        fix("t0", 300, 2.5),
+        fix("t1", 301, 10.0),
+        fix("t0", 330, 4.5),
+        fix("t0", 400, 4.6),
+    ]);
+    let (s, r) = srv.post_fixes(fixes).await;
+    assert_eq!(s, 200, "{r}");
+    // t0: 3 + 2 + 2 events, t1: 3.
+    let all = srv.events(10).await;
+    assert_eq!(all.len(), 10, "{all:?}");
+    let (s, page) = srv.get("/v1/devices/t0/visits").await;
+    assert_eq!(s, 200, "{page}");
+    let visits = page["visits"].as_array().unwrap();
+    let summary: Vec<(String, Value, Value, Value)> = visits
+        .iter()
+        .map(|v| {
+            (
+                v["fence"].as_str().unwrap().to_string(),
+                v["duration_s"].clone(),
+                v["dwell_reached_s"].clone(),
+                v["complete"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            ("yard-1".into(), json!(300.0), json!([60.0]), json!(true)),
+            ("yard-2".into(), json!(30.0), json!([]), json!(true)),
+            ("dock-1".into(), Value::Null, json!([60.0]), json!(true)),
+        ],
+        "{page}"
+    );
+    assert!(
+        visits[2].get("exited_at").is_none(),
+        "dock-1 is still open: {page}"
+    );
+    assert_eq!(visits[0]["entered_at"], "2026-01-01T00:00:00.000Z");
+    assert_eq!(visits[0]["exited_at"], "2026-01-01T00:05:00.000Z");
+    assert!(page["next_after"].is_null());
+    // Every event of the device belongs to exactly one visit.
+    let mut seqs: Vec<u64> = visits
+        .iter()
+        .flat_map(|v| {
+            v["seqs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s.as_u64().unwrap())
+        })
+        .collect();
+    seqs.sort();
+    let mut want: Vec<u64> = all
+        .iter()
+        .filter(|e| e["device"] == "t0")
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    want.sort();
+    assert_eq!(seqs, want);
+
+    // Paged one at a time: the same visits, in the same order.
+    let mut paged = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let path = match &after {
+            Some(a) => format!(
+                "/v1/devices/t0/visits?limit=1&after={}",
+                a.replace(':', "%3A")
+            ),
+            None => "/v1/devices/t0/visits?limit=1".to_string(),
+        };
+        let (s, p) = srv.get(&path).await;
+        assert_eq!(s, 200, "{path}: {p}");
+        paged.extend(p["visits"].as_array().unwrap().iter().cloned());
+        match p["next_after"].as_str() {
+            Some(a) => after = Some(a.to_string()),
+            None => break,
+        }
+    }
+    assert_eq!(&paged, visits);
+
+    let (_, one) = srv.get("/v1/devices/t1/visits").await;
+    assert_eq!(one["visits"].as_array().unwrap().len(), 1, "{one}");
+    let (s, none) = srv.get("/v1/devices/nobody/visits").await;
+    assert_eq!((s, none["visits"].clone()), (200, json!([])));
+    for q in ["limit=0", "limit=1001", "after=x", "colour=red"] {
+        let (s, e) = srv.get(&format!("/v1/devices/t0/visits?{q}")).await;
+        assert_eq!(
+            (s, e["error"]["code"].clone()),
+            (400, json!("bad_query")),
+            "{q}: {e}"
+        );
+    }
+    srv.stop().await;
+}
