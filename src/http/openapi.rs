@@ -122,8 +122,8 @@ pub enum FixBody {
 
 /// A fence as GeoJSON: a Feature with a Polygon, MultiPolygon or (with `radius_m`) Point
 /// geometry. Properties: `dwell` (thresholds such as `"10m"`), `exit_buffer_m`, `enter_confirm`,
-/// `exit_confirm`, `confirm_within`, `stale_after`, `max_accuracy_m`, `radius_m`, `tags`, and
-/// free-form ones.
+/// `exit_confirm`, `confirm_within`, `stale_after`, `max_accuracy_m`, `radius_m`, `tags`, `name`
+/// and `devices` (device id globs the fence applies to); any other is refused.
 // Schema only: fences are read and answered as the `geojson` crate's `Feature`, which has no
 // OpenAPI schema; `http::fences::FenceOut` is served, and documented as this.
 #[derive(ToSchema, serde::Serialize)]

@@ -697,3 +697,36 @@ async fn events_carry_the_fence_name_and_the_deciding_fix() {
     );
     srv.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_scoped_to_some_devices_only_pairs_with_them() {
+    let srv = start(EVENT_MODE).await;
+    let (s, f) = put(
+        &srv,
+        "depot",
+        square("depot", json!({"devices": ["truck-*"]})),
+    )
+    .await;
+    assert_eq!(s, 201, "{f}");
+    assert_eq!(f["properties"]["devices"], json!(["truck-*"]));
+    let (s, e) = put(&srv, "bad", square("bad", json!({"devices": []}))).await;
+    assert_eq!(
+        (s, e["error"]["code"].clone()),
+        (422, json!("invalid_fence")),
+        "{e}"
+    );
+    let fixes = json!([
+        {"device": "truck-1", "ts": T0, "lat": 50.005, "lon": 10.005},
+        {"device": "car-1", "ts": T0 + 1, "lat": 50.005, "lon": 10.005},
+    ]);
+    assert_eq!(srv.post_fixes(fixes).await.0, 200);
+    let events = srv.events(1).await;
+    let devices: Vec<&str> = events
+        .iter()
+        .map(|e| e["device"].as_str().unwrap())
+        .collect();
+    assert_eq!(devices, vec!["truck-1"], "{events:?}");
+    let (_, car) = srv.get("/v1/devices/car-1").await;
+    assert_eq!(car["pairs"], json!([]), "{car}");
+    srv.stop().await;
+}

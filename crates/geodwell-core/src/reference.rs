@@ -66,6 +66,10 @@ fn pos(f: &Fix) -> Pos {
 
 fn naive_pair(dev: &Arc<str>, fence: &Fence, all: &[&Fix], w_final: Ts, events: &mut Vec<Event>) {
     let s = &fence.settings;
+    // A fence whose `devices` scope does not cover the device has nothing to do with it.
+    if !s.devices.matches(dev) {
+        return;
+    }
     let cw = s.confirm_within;
     let ignored = |f: &Fix| matches!((f.accuracy, s.max_accuracy_m), (Some(a), Some(m)) if a > m);
     let fx: Vec<&Fix> = all.iter().copied().filter(|f| !ignored(f)).collect();

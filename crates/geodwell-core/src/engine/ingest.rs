@@ -163,7 +163,13 @@ impl Engine {
             if ignored(fence) {
                 continue;
             }
-            let class = classify(fence, pair.is_inside(), b.lon, b.lat);
+            // A device the fence's scope no longer covers is outside it, as if the geometry
+            // had moved away.
+            let class = if fence.settings.devices.matches(ids.get(id_at)) {
+                classify(fence, pair.is_inside(), b.lon, b.lat)
+            } else {
+                FixClass::Outside
+            };
             let alive = pair.on_fix(&fence.settings, b.ts, class, &mut |o| {
                 out.push(to_event(o, ids.get(id_at), fence, Some(&b)))
             });
@@ -184,7 +190,10 @@ impl Engine {
             let Some(fence) = self.fences.get(idx) else {
                 continue;
             };
-            if ignored(fence) || !fence.contains(b.lon, b.lat) {
+            if ignored(fence)
+                || !fence.settings.devices.matches(self.ids.get(id_at))
+                || !fence.contains(b.lon, b.lat)
+            {
                 continue;
             }
             let ids = &self.ids;

@@ -70,6 +70,19 @@ fn fences(rng: &mut Rng) -> Vec<Arc<Fence>> {
         if rng.below(3) == 0 {
             p.insert("max_accuracy_m".into(), serde_json::json!(50));
         }
+        // Some fences apply only to some devices (the model's ids are `dev-0` ... `dev-6`).
+        match rng.below(4) {
+            0 => {
+                p.insert(
+                    "devices".into(),
+                    serde_json::json!(["dev-1", "dev-[0-9]", "dev-?*3*"]),
+                );
+            }
+            1 => {
+                p.insert("devices".into(), serde_json::json!(["dev-2", "dev-4*"]));
+            }
+            _ => {}
+        }
         // Events carry the fence name when it has one: both sides must agree on it.
         if rng.below(2) == 0 {
             p.insert("name".into(), serde_json::json!("Site"));

@@ -670,3 +670,64 @@ fn pair_lists_survive_leaving_fences_in_any_order() {
     dwelled.sort();
     assert_eq!(dwelled, ["a", "c"]);
 }
+
+#[test]
+fn a_fence_scoped_to_some_devices_ignores_the_others_and_a_scope_change_applies_from_the_next_fix()
+{
+    let mut h = H::new(serde_json::json!({"devices": ["truck-*", "van-7"]}));
+    h.fix_acc("truck-1", 0, IN, None);
+    h.fix_acc("car-1", 1, IN, None);
+    h.fix_acc("van-7", 2, IN, None);
+    let entered: Vec<String> = h.out.drain(..).map(|e| e.device.to_string()).collect();
+    assert_eq!(entered, vec!["truck-1", "van-7"], "car-1 is out of scope");
+    // The scope drops the trucks: truck-1's next fix, still inside the geometry, is an EXIT.
+    h.e.upsert_fence(
+        square("sq", serde_json::json!({"devices": ["van-*"]})),
+        &mut h.out,
+    );
+    assert_eq!(h.take(), vec![], "a scope change emits nothing by itself");
+    h.fix_acc("truck-1", 10, IN, None);
+    h.fix_acc("van-7", 11, IN, None);
+    let got: Vec<(String, EventKind)> = h
+        .out
+        .drain(..)
+        .map(|e| (e.device.to_string(), e.kind))
+        .collect();
+    assert_eq!(got, vec![("truck-1".to_string(), Exit)]);
+    // Without a scope every device takes part again.
+    h.e.upsert_fence(square("sq", serde_json::json!({})), &mut h.out);
+    h.fix_acc("car-1", 20, IN, None);
+    assert_eq!(h.take(), vec![(Enter, 20, 0)]);
+}
+
+#[test]
+fn device_scopes_are_validated_and_written_back() {
+    let f = square("sq", serde_json::json!({"devices": ["truck-*", "van-7"]}));
+    assert!(f.settings.devices.matches("truck-12") && !f.settings.devices.matches("car"));
+    let props = f.to_feature().properties.unwrap();
+    assert_eq!(props["devices"], serde_json::json!(["truck-*", "van-7"]));
+    assert!(
+        square("a", serde_json::json!({}))
+            .to_feature()
+            .properties
+            .unwrap()
+            .get("devices")
+            .is_none()
+    );
+    for bad in [
+        serde_json::json!([]),
+        serde_json::json!("truck-*"),
+        serde_json::json!([""]),
+        serde_json::json!([7]),
+        serde_json::json!(["x".repeat(300)]),
+        serde_json::json!(vec!["a"; 65]),
+    ] {
+        let feature: geojson::Feature = serde_json::from_value(serde_json::json!({
+            "type": "Feature", "id": "x", "properties": {"devices": bad},
+            "geometry": {"type": "Polygon", "coordinates": [[[0, 0], [1, 0], [1, 1], [0, 0]]]},
+        }))
+        .unwrap();
+        let e = Fence::from_feature(&feature, None, &FenceLimits::default()).unwrap_err();
+        assert!(e.to_string().contains("properties.devices"), "{bad}: {e}");
+    }
+}

@@ -68,11 +68,65 @@ pub struct FenceSettings {
     /// cloned: every event of the fence (and every entry of the event log) points at this one
     /// value, which is what keeps a logged event small.
     pub tags: Arc<serde_json::Value>,
+    /// The devices the fence applies to (`properties.devices`); default every device.
+    pub devices: DeviceScope,
+}
+
+/// Most patterns one fence's `devices` may list.
+pub const MAX_DEVICE_PATTERNS: usize = 64;
+
+/// Which devices a fence applies to: glob patterns on the device id (`*` any run of characters,
+/// `?` one character, as in the API's event filters); a device matching any of them is in
+/// scope. No patterns: every device. A device out of a fence's scope forms no pair with it, and
+/// a fix of a device with an open visit that the scope no longer covers counts as outside (the
+/// scope changed like a geometry would).
+#[derive(Debug, Clone, Default)]
+pub struct DeviceScope {
+    patterns: Arc<[String]>,
+    globs: Arc<[wildmatch::WildMatch]>,
+}
+
+impl PartialEq for DeviceScope {
+    fn eq(&self, other: &DeviceScope) -> bool {
+        self.patterns == other.patterns
+    }
+}
+
+impl DeviceScope {
+    /// A scope of `patterns` (none: every device).
+    pub fn new(patterns: Vec<String>) -> DeviceScope {
+        let globs = patterns
+            .iter()
+            .map(|p| wildmatch::WildMatch::new(p))
+            .collect();
+        DeviceScope {
+            patterns: patterns.into(),
+            globs,
+        }
+    }
+
+    /// Whether every device is in scope.
+    #[inline]
+    pub fn is_all(&self) -> bool {
+        self.globs.is_empty()
+    }
+
+    /// Whether `device` is in scope.
+    #[inline]
+    pub fn matches(&self, device: &str) -> bool {
+        self.is_all() || self.globs.iter().any(|g| g.matches(device))
+    }
+
+    /// The patterns as given.
+    pub fn patterns(&self) -> &[String] {
+        &self.patterns
+    }
 }
 
 impl Default for FenceSettings {
     /// The documented defaults: no dwell thresholds, no exit buffer, confirm counts 1,
-    /// `confirm_within` 5 min, `stale_after` 15 min, no accuracy filter, empty tags.
+    /// `confirm_within` 5 min, `stale_after` 15 min, no accuracy filter, empty tags, every
+    /// device.
     fn default() -> FenceSettings {
         FenceSettings {
             dwell: Vec::new(),
@@ -83,6 +137,7 @@ impl Default for FenceSettings {
             stale_after: Some(DEFAULT_STALE_AFTER),
             max_accuracy_m: None,
             tags: Arc::new(serde_json::Value::Object(serde_json::Map::new())),
+            devices: DeviceScope::default(),
         }
     }
 }

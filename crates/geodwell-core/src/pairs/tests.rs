@@ -13,6 +13,7 @@ fn settings(dwell: &[i64]) -> FenceSettings {
         stale_after: Some(Dur::from_mins(15)),
         max_accuracy_m: None,
         tags: std::sync::Arc::new(serde_json::json!({})),
+        devices: Default::default(),
     }
 }
 

@@ -10,8 +10,8 @@ use geojson::JsonObject;
 use serde_json::Value;
 
 use super::super::{
-    DEFAULT_CONFIRM_WITHIN, DEFAULT_STALE_AFTER, FenceSettings, MAX_CONFIRM, MAX_NAME_BYTES,
-    MAX_THRESHOLDS,
+    DEFAULT_CONFIRM_WITHIN, DEFAULT_STALE_AFTER, DeviceScope, FenceSettings, MAX_CONFIRM,
+    MAX_DEVICE_PATTERNS, MAX_ID_BYTES, MAX_NAME_BYTES, MAX_THRESHOLDS,
 };
 use super::FenceLimits;
 use super::errors::{Errs, FenceErrorKind};
@@ -27,6 +27,7 @@ pub const KNOWN_PROPERTIES: &[&str] = &[
     "stale_after",
     "max_accuracy_m",
     "radius_m",
+    "devices",
     "tags",
     "name",
 ];
@@ -246,6 +247,47 @@ pub(super) fn parse_props(
                 }
                 Value::Object(_) | Value::Array(_) => s.tags = Arc::new(v.clone()),
                 _ => errs.push(path, FenceErrorKind::WrongType("a JSON object or array")),
+            },
+            "devices" => match v.as_array() {
+                Some(list) if list.is_empty() => errs.push(
+                    path,
+                    FenceErrorKind::WrongType(
+                        "a non-empty array of device id patterns (omit it for every device)",
+                    ),
+                ),
+                Some(list) if list.len() > MAX_DEVICE_PATTERNS => errs.push(
+                    path,
+                    FenceErrorKind::TooLong {
+                        max: MAX_DEVICE_PATTERNS,
+                    },
+                ),
+                Some(list) => {
+                    let mut patterns = Vec::with_capacity(list.len());
+                    for (i, p) in list.iter().enumerate() {
+                        match p.as_str() {
+                            Some(t) if !t.is_empty() && t.len() <= MAX_ID_BYTES => {
+                                patterns.push(t.to_string())
+                            }
+                            Some("") => errs.push(
+                                format!("{path}[{i}]"),
+                                FenceErrorKind::WrongType("a non-empty pattern"),
+                            ),
+                            Some(_) => errs.push(
+                                format!("{path}[{i}]"),
+                                FenceErrorKind::TooLong { max: MAX_ID_BYTES },
+                            ),
+                            None => errs.push(
+                                format!("{path}[{i}]"),
+                                FenceErrorKind::WrongType("a string"),
+                            ),
+                        }
+                    }
+                    s.devices = DeviceScope::new(patterns);
+                }
+                None => errs.push(
+                    path,
+                    FenceErrorKind::WrongType("an array of device id patterns"),
+                ),
             },
             "name" => match v {
                 Value::String(n) if n.len() <= MAX_NAME_BYTES => name = Some(n.clone()),

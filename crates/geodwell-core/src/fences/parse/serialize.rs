@@ -58,6 +58,19 @@ pub(super) fn props_json(
         p.insert("radius_m".into(), num(r));
     }
     p.insert("tags".into(), (*s.tags).clone());
+    // Every device is the default and is written as the property's absence: `[]` is refused.
+    if !s.devices.is_all() {
+        p.insert(
+            "devices".into(),
+            Value::Array(
+                s.devices
+                    .patterns()
+                    .iter()
+                    .map(|d| Value::String(d.clone()))
+                    .collect(),
+            ),
+        );
+    }
     if let Some(n) = name {
         p.insert("name".into(), Value::String(n.to_string()));
     }
