@@ -147,11 +147,11 @@ pub(crate) fn parse_u64(q: &HashMap<String, String>, key: &str) -> Result<Option
     params(
         ("from_seq" = Option<u64>, Query, maximum = 9_223_372_036_854_775_807_i64, description = "First seq wanted"),
         ("limit" = Option<u64>, Query, minimum = 1, description = "Most events (default 1000, at most max_poll_limit)"),
-        ("types" = Option<String>, Query, description = "Comma-separated kinds: enter, exit, dwell"),
-        ("fence" = Option<String>, Query, description = "Fence id glob (`*`, `?`)"),
-        ("device" = Option<String>, Query, description = "Device id (exact)"),
-        ("since" = Option<String>, Query, description = "Only events with `at` at or after this time (RFC 3339 or Unix ms)"),
-        ("until" = Option<String>, Query, description = "Only events with `at` before this time (RFC 3339 or Unix ms)"),
+        ("types" = Option<String>, Query, pattern = r"^ *(enter|exit|dwell) *(, *(enter|exit|dwell) *)*$", description = "Comma-separated kinds: enter, exit, dwell"),
+        ("fence" = Option<String>, Query, pattern = r"[^\u0000-\u0020\u007F-\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000]", description = "Fence id glob (`*`, `?`)"),
+        ("device" = Option<String>, Query, pattern = r"[^\u0000-\u0020\u007F-\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000]", description = "Device id (exact)"),
+        ("since" = Option<crate::http::openapi::QueryTime>, Query, description = "Only events with `at` at or after this time (RFC 3339 or Unix ms)"),
+        ("until" = Option<crate::http::openapi::QueryTime>, Query, description = "Only events with `at` before this time (RFC 3339 or Unix ms); at or before `since` matches nothing"),
     ),
     responses(
         (status = 200, description = "A page of events", body = EventsPage),
@@ -255,13 +255,13 @@ pub async fn poll(
 /// Parses `types=enter,dwell`, `fence=<glob>`, `device=<id>`, `since`, `until` into the one
 /// event filter.
 pub fn parse_filter(q: &HashMap<String, String>) -> Result<EventFilter, ApiError> {
+    // Each value is accepted exactly when it matches its pattern in the OpenAPI document.
     let types = q
         .get("types")
         .map(|v| {
             v.split(',')
-                .filter(|s| !s.is_empty())
                 .map(|s| {
-                    EventKind::parse(s.trim()).ok_or_else(|| {
+                    EventKind::parse(s.trim_matches(' ')).ok_or_else(|| {
                         ApiError::bad_request(
                             "bad_query",
                             format!("unknown event type {s:?}; known: enter, exit, dwell"),
@@ -271,46 +271,64 @@ pub fn parse_filter(q: &HashMap<String, String>) -> Result<EventFilter, ApiError
                 .collect::<Result<Vec<_>, _>>()
         })
         .transpose()?;
-    for key in ["types", "fence", "device"] {
-        if q.get(key).is_some_and(|v| v.trim().is_empty()) {
+    for key in ["fence", "device"] {
+        if q.get(key).is_some_and(|v| !visible(v)) {
             return Err(ApiError::bad_request(
                 "bad_query",
-                format!("{key} must not be empty (omit it to match everything)"),
+                format!("{key} must hold a visible character (omit it to match everything)"),
             ));
         }
     }
     let fences: Vec<&str> = q.get("fence").map(String::as_str).into_iter().collect();
+    // `until` at or before `since` is an empty window: it matches nothing (not an error, so
+    // that each bound is valid on its own, as the OpenAPI document can say).
     let (since, until) = (parse_time(q, "since")?, parse_time(q, "until")?);
-    if let (Some(s), Some(u)) = (since, until)
-        && s >= u
-    {
-        return Err(ApiError::bad_request(
-            "bad_query",
-            "since must be before until (since is inclusive, until exclusive)",
-        ));
-    }
     Ok(
         EventFilter::new(types.unwrap_or_default(), &fences, q.get("device").cloned())
             .between(since, until),
     )
 }
 
-/// An event-time bound: RFC 3339 text or integer Unix milliseconds.
+/// Whether `v` holds a character that is neither white space nor a control character (the
+/// class the OpenAPI pattern of `fence` and `device` names).
+fn visible(v: &str) -> bool {
+    v.chars().any(|c| {
+        !(c <= '\u{20}'
+            || ('\u{7f}'..='\u{a0}').contains(&c)
+            || c == '\u{1680}'
+            || ('\u{2000}'..='\u{200a}').contains(&c)
+            || matches!(
+                c,
+                '\u{2028}' | '\u{2029}' | '\u{202f}' | '\u{205f}' | '\u{3000}'
+            ))
+    })
+}
+
+/// An event-time bound: Unix milliseconds (1 to 14 digits) or RFC 3339 text with a year from
+/// 1970 (the two forms of the OpenAPI document's `QueryTime`). A time outside what events can
+/// carry (an offset taking it before 1970 or past 9999) is clamped: as a bound it means the same.
 fn parse_time(q: &HashMap<String, String>, key: &str) -> Result<Option<Ts>, ApiError> {
-    q.get(key)
-        .map(|v| {
-            let t = match v.parse::<i64>() {
-                Ok(ms) => Ts::from_millis(ms),
-                Err(_) => Ts::parse_rfc3339(v),
-            };
-            t.map_err(|e| {
-                ApiError::bad_request(
-                    "bad_query",
-                    format!("{key} must be RFC 3339 or integer Unix milliseconds: {e}"),
-                )
-            })
-        })
-        .transpose()
+    let Some(v) = q.get(key) else { return Ok(None) };
+    let bad = |why: String| {
+        ApiError::bad_request(
+            "bad_query",
+            format!(
+                "{key} must be Unix milliseconds (1 to 14 digits) or RFC 3339 from year 1970: {why}"
+            ),
+        )
+    };
+    if !v.is_empty() && v.len() <= 14 && v.bytes().all(|b| b.is_ascii_digit()) {
+        let ms: i64 = v.parse().map_err(|e| bad(format!("{e}")))?;
+        return Ok(Some(Ts(ms)));
+    }
+    let year_ok = v.get(..5).is_some_and(|y| {
+        y.ends_with('-') && y[..4].bytes().all(|b| b.is_ascii_digit()) && y[..4] >= *"1970"
+    });
+    if !year_ok {
+        return Err(bad(format!("got {v:?}")));
+    }
+    let dt = chrono::DateTime::parse_from_rfc3339(v).map_err(|e| bad(format!("{v:?}: {e}")))?;
+    Ok(Some(Ts(dt.timestamp_millis().clamp(Ts::MIN.0, Ts::MAX.0))))
 }
 
 /// `GET /v1/events/ws?from_seq=N&types=...&fence=...&device=...&since=...&until=...`.
@@ -318,11 +336,11 @@ fn parse_time(q: &HashMap<String, String>, key: &str) -> Result<Option<Ts>, ApiE
     description = "WebSocket subscription: one event JSON per text frame, from from_seq, filtered. Browsers may pass the key as `access_token`. Scope: read.",
     params(
         ("from_seq" = Option<u64>, Query, maximum = 9_223_372_036_854_775_807_i64, description = "First seq wanted (default: new events only)"),
-        ("types" = Option<String>, Query, description = "Comma-separated kinds: enter, exit, dwell"),
-        ("fence" = Option<String>, Query, description = "Fence id glob"),
-        ("device" = Option<String>, Query, description = "Device id"),
-        ("since" = Option<String>, Query, description = "Only events with `at` at or after this time (RFC 3339 or Unix ms)"),
-        ("until" = Option<String>, Query, description = "Only events with `at` before this time (RFC 3339 or Unix ms)"),
+        ("types" = Option<String>, Query, pattern = r"^ *(enter|exit|dwell) *(, *(enter|exit|dwell) *)*$", description = "Comma-separated kinds: enter, exit, dwell"),
+        ("fence" = Option<String>, Query, pattern = r"[^\u0000-\u0020\u007F-\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000]", description = "Fence id glob"),
+        ("device" = Option<String>, Query, pattern = r"[^\u0000-\u0020\u007F-\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000]", description = "Device id"),
+        ("since" = Option<crate::http::openapi::QueryTime>, Query, description = "Only events with `at` at or after this time (RFC 3339 or Unix ms)"),
+        ("until" = Option<crate::http::openapi::QueryTime>, Query, description = "Only events with `at` before this time (RFC 3339 or Unix ms); at or before `since` matches nothing"),
     ),
     responses(
         (status = 101, description = "Switching to WebSocket"),

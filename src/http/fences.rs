@@ -233,18 +233,29 @@ pub const DEFAULT_FENCE_PAGE: usize = 1_000;
 /// Which fences `GET /v1/fences` lists.
 #[derive(Debug, Clone, PartialEq)]
 enum Filter {
-    All,
     /// `contains=LAT,LON`.
-    Contains {
-        lat: f64,
-        lon: f64,
-    },
+    Contains { lat: f64, lon: f64 },
     /// `bbox=W,S,E,N` (a window across the antimeridian, `W > E`, is two rectangles).
     Window(Vec<Rect>),
 }
 
+/// A plain decimal, as the OpenAPI patterns of `contains` and `bbox` write it: an optional
+/// `-`, an integer part without leading zeros, and an optional fraction (`12`, `-0.5`, `180.0`;
+/// not `+1`, `1e2`, `05` or ` 1`), so that what the document allows and what is accepted agree.
 fn number(v: &str) -> Option<f64> {
-    v.trim().parse::<f64>().ok().filter(|x| x.is_finite())
+    let digits = v.strip_prefix('-').unwrap_or(v);
+    let (int, frac) = match digits.split_once('.') {
+        Some((i, f)) => (i, Some(f)),
+        None => (digits, None),
+    };
+    let int_ok = !int.is_empty()
+        && int.bytes().all(|b| b.is_ascii_digit())
+        && (int.len() == 1 || !int.starts_with('0'));
+    let frac_ok = frac.is_none_or(|f| !f.is_empty() && f.bytes().all(|b| b.is_ascii_digit()));
+    (int_ok && frac_ok)
+        .then(|| v.parse::<f64>().ok())
+        .flatten()
+        .filter(|x| x.is_finite())
 }
 
 fn parse_contains(v: &str) -> Result<Filter, ApiError> {
@@ -270,7 +281,7 @@ fn parse_bbox(v: &str) -> Result<Filter, ApiError> {
             "bad_query",
             format!(
                 "bbox must be WEST,SOUTH,EAST,NORTH in degrees (longitudes in -180..=180, \
-                 latitudes in -90..=90, SOUTH <= NORTH; WEST > EAST crosses the antimeridian), got {v:?}"
+                 latitudes in -90..=90; WEST > EAST crosses the antimeridian), got {v:?}"
             ),
         )
     };
@@ -284,8 +295,12 @@ fn parse_bbox(v: &str) -> Result<Filter, ApiError> {
     };
     let lon_ok = |x: f64| (-180.0..=180.0).contains(&x);
     let lat_ok = |x: f64| (-90.0..=90.0).contains(&x);
-    if !(lon_ok(w) && lon_ok(e) && lat_ok(s) && lat_ok(north) && s <= north) {
+    if !(lon_ok(w) && lon_ok(e) && lat_ok(s) && lat_ok(north)) {
         return Err(bad());
+    }
+    if s > north {
+        // An empty window: nothing shares a point with it.
+        return Ok(Filter::Window(Vec::new()));
     }
     let rect = |min_lon, max_lon| Rect {
         min_lon,
@@ -302,12 +317,12 @@ fn parse_bbox(v: &str) -> Result<Filter, ApiError> {
 
 /// `GET /v1/fences`: a page of fences as a FeatureCollection, sorted by id, with `next_after`.
 #[utoipa::path(get, path = "/v1/fences", tag = "fences",
-    description = "Fences sorted by id, a page at a time: all of them, those containing a point (`contains`, the engine's own test: boundary inclusive, circles included), or those sharing a point with a window (`bbox`). The answer is a GeoJSON FeatureCollection with `next_after`: pass it back as `after` for the next page (null on the last). Scope: read.",
+    description = "Fences sorted by id, a page at a time: all of them, those containing a point (`contains`, the engine's own test: boundary inclusive, circles included), those sharing a point with a window (`bbox`), or both. The answer is a GeoJSON FeatureCollection with `next_after`: pass it back as `after` for the next page (null on the last). Scope: read.",
     params(
         ("limit" = Option<u64>, Query, minimum = 1, maximum = 10000, description = "Page length (default 1000)"),
         ("after" = Option<String>, Query, description = "`next_after` of the previous page"),
-        ("contains" = Option<String>, Query, description = "`LAT,LON`: only fences containing the point"),
-        ("bbox" = Option<String>, Query, description = "`WEST,SOUTH,EAST,NORTH` (degrees; WEST > EAST crosses the antimeridian): only fences sharing a point with the window"),
+        ("contains" = Option<String>, Query, pattern = r"^-?(90(\.0+)?|[1-8]?[0-9](\.[0-9]+)?),-?(180(\.0+)?|(1[0-7][0-9]|[1-9]?[0-9])(\.[0-9]+)?)$", description = "`LAT,LON`: only fences containing the point"),
+        ("bbox" = Option<String>, Query, pattern = r"^-?(180(\.0+)?|(1[0-7][0-9]|[1-9]?[0-9])(\.[0-9]+)?),-?(90(\.0+)?|[1-8]?[0-9](\.[0-9]+)?),-?(180(\.0+)?|(1[0-7][0-9]|[1-9]?[0-9])(\.[0-9]+)?),-?(90(\.0+)?|[1-8]?[0-9](\.[0-9]+)?)$", description = "`WEST,SOUTH,EAST,NORTH` (degrees; WEST > EAST crosses the antimeridian; SOUTH > NORTH matches nothing): only fences sharing a point with the window"),
     ),
     responses(
         (status = 200, description = "A page of fences", body = FenceCollectionOut),
@@ -328,24 +343,23 @@ pub async fn list_fences(
     }
     let limit = limit as usize;
     let after = q.get("after").cloned();
-    let filter = match (q.get("contains"), q.get("bbox")) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::bad_request(
-                "bad_query",
-                "contains and bbox cannot be combined; ask one of them",
-            ));
-        }
-        (Some(c), None) => parse_contains(c)?,
-        (None, Some(b)) => parse_bbox(b)?,
-        (None, None) => Filter::All,
-    };
+    let contains = q.get("contains").map(|c| parse_contains(c)).transpose()?;
+    let window = q.get("bbox").map(|b| parse_bbox(b)).transpose()?;
     // The filtered answers are computed at once (the matches of a point or a window, in id
     // order); the full listing is read from the registry a few fences at a time as the client
     // reads, since a page of large fences is tens of MB of text.
-    let matches = match &filter {
-        Filter::All => None,
-        Filter::Contains { lat, lon } => Some(st.fences().containing(*lon, *lat)),
-        Filter::Window(w) => Some(st.fences().meeting(w)),
+    // Both given: the fences containing the point that also share a point with the window.
+    let matches = match (contains, window) {
+        (None, None) => None,
+        (Some(Filter::Contains { lat, lon }), w) => {
+            let mut m = st.fences().containing(lon, lat);
+            if let Some(Filter::Window(w)) = w {
+                m.retain(|s| w.iter().any(|r| s.fence.meets_rect(r)));
+            }
+            Some(m)
+        }
+        (_, Some(Filter::Window(w))) => Some(st.fences().meeting(&w)),
+        _ => None,
     };
     let matches = matches.map(|m| {
         let from = after

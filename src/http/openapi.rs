@@ -100,6 +100,21 @@ pub enum FixTs {
     Millis(UnixMillis),
 }
 
+/// A time in a query (`since`, `until`): Unix milliseconds or RFC 3339.
+#[derive(ToSchema, serde::Serialize)]
+#[serde(untagged)]
+pub enum QueryTime {
+    /// Unix milliseconds, 1 to 14 digits.
+    Millis(MillisText),
+    /// RFC 3339, year 1970 or later.
+    Text(Rfc3339),
+}
+
+/// Unix milliseconds written as digits (a query value is text).
+#[derive(ToSchema, serde::Serialize)]
+#[schema(value_type = String, pattern = r"^[0-9]{1,14}$")]
+pub struct MillisText(String);
+
 /// An RFC 3339 date-time.
 #[derive(ToSchema, serde::Serialize)]
 #[schema(value_type = String, format = DateTime, pattern = r"^(19[7-9][0-9]|[2-9][0-9]{3})-")]

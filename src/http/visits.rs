@@ -80,7 +80,9 @@ fn cursor(v: &VisitOut) -> String {
 }
 
 fn parse_cursor(c: &str) -> Result<(i64, String), ApiError> {
+    // Exactly the OpenAPI pattern: 1 to 15 digits, then `:`.
     c.split_once(':')
+        .filter(|(ms, _)| (1..=15).contains(&ms.len()) && ms.bytes().all(|b| b.is_ascii_digit()))
         .and_then(|(ms, fence)| Some((ms.parse::<i64>().ok()?, fence.to_string())))
         .ok_or_else(|| {
             ApiError::bad_request(
@@ -100,7 +102,7 @@ fn secs(ms: i64) -> f64 {
     params(
         ("id" = String, Path, description = "Device id"),
         ("limit" = Option<u64>, Query, minimum = 1, maximum = 1000, description = "Page length (default 100)"),
-        ("after" = Option<String>, Query, description = "`next_after` of the previous page"),
+        ("after" = Option<String>, Query, pattern = r"^[0-9]{1,15}:", description = "`next_after` of the previous page"),
     ),
     responses(
         (status = 200, description = "A page of visits (empty for a device the log holds no event of)", body = VisitPage),
