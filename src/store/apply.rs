@@ -110,30 +110,22 @@ impl Applier {
     /// Waits until `bytes` more fit in the backlog (an empty backlog always takes a commit),
     /// for at most [`ADMIT_WAIT`].
     pub fn admit(&self, bytes: usize) -> Result<(), StoreError> {
-        let deadline = Instant::now() + ADMIT_WAIT;
-        let mut q = self.shared.lock();
-        while q.bytes > 0 && q.bytes + bytes > MAX_BACKLOG_BYTES {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(StoreError::Applying(format!(
+        let q = self.shared.lock();
+        self.hurry(
+            q,
+            ADMIT_WAIT,
+            |q| q.bytes == 0 || q.bytes + bytes <= MAX_BACKLOG_BYTES,
+            |q| {
+                format!(
                     "{} bytes of commits wait to be written to the store file{}",
                     q.bytes,
                     q.failing
                         .as_deref()
                         .map(|f| format!(" (it fails: {f})"))
                         .unwrap_or_default()
-                )));
-            }
-            q.urgent = true;
-            self.shared.work.notify_one();
-            q = self
-                .shared
-                .progress
-                .wait_timeout(q, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-        Ok(())
+                )
+            },
+        )
     }
 
     /// Queues journaled commit `n` (numbers must come in order).
@@ -143,30 +135,48 @@ impl Applier {
         q.bytes += bytes;
         q.items.push_back((n, batch, bytes));
         gauge!(t::STORE_APPLY_BACKLOG_BYTES).set(q.bytes as f64);
-        if q.bytes >= APPLY_BYTES {
-            self.shared.work.notify_one();
-        } else if q.items.len() == 1 {
-            // The thread may be idle without a deadline: wake it to start the interval.
+        // A large backlog is applied at once; a first item wakes a thread that may be idle
+        // without a deadline, to start the interval.
+        if q.bytes >= APPLY_BYTES || q.items.len() == 1 {
             self.shared.work.notify_one();
         }
     }
 
     /// Waits until every commit pushed so far is durably in redb.
     pub fn barrier(&self) -> Result<(), StoreError> {
-        let deadline = Instant::now() + BARRIER_WAIT;
-        let mut q = self.shared.lock();
+        let q = self.shared.lock();
         let target = q.pushed;
-        while q.applied < target {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(StoreError::Applying(format!(
+        self.hurry(
+            q,
+            BARRIER_WAIT,
+            |q| q.applied >= target,
+            |q| {
+                format!(
                     "commits up to {target} are journaled but not yet in the store file (applied: {}){}",
                     q.applied,
                     q.failing
                         .as_deref()
                         .map(|f| format!("; it fails: {f}"))
                         .unwrap_or_default()
-                )));
+                )
+            },
+        )
+    }
+
+    /// Asks the applier to write now and waits, for at most `wait`, until `done` holds; else
+    /// fails with `gave_up`'s account of the queue.
+    fn hurry(
+        &self,
+        mut q: MutexGuard<'_, Queue>,
+        wait: Duration,
+        done: impl Fn(&Queue) -> bool,
+        gave_up: impl FnOnce(&Queue) -> String,
+    ) -> Result<(), StoreError> {
+        let deadline = Instant::now() + wait;
+        while !done(&q) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(StoreError::Applying(gave_up(&q)));
             }
             q.urgent = true;
             self.shared.work.notify_one();
