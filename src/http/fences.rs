@@ -371,10 +371,16 @@ pub async fn list_fences(
             .cloned()
             .collect::<Vec<_>>()
     });
+    /// Fences read from the registry per lock, for the unfiltered listing.
+    const FETCH: usize = 64;
     struct List {
         st: Arc<AppState>,
-        /// The filter's matches from `after` on (at most `limit + 1`), or `None` for all.
-        matches: Option<std::vec::IntoIter<Stored>>,
+        /// Fences to write next: the filter's matches from `after` on (at most `limit + 1`),
+        /// or the last piece fetched from the registry.
+        pending: std::vec::IntoIter<Stored>,
+        /// Unfiltered: the id of the last fence fetched, to fetch the next piece after it.
+        fetch_after: Option<Option<String>>,
+        /// The id of the last fence written.
         after: Option<String>,
         left: usize,
         wrote_any: bool,
@@ -382,22 +388,26 @@ pub async fn list_fences(
         done: bool,
     }
     impl List {
-        /// The next fence after `after`, if the page has room for it.
+        /// The next fence to write, if there is one.
         fn next(&mut self) -> Option<Stored> {
-            match &mut self.matches {
-                Some(m) => m.next(),
-                None => self
-                    .st
-                    .fences()
-                    .page(self.after.as_deref(), 1)
-                    .into_iter()
-                    .next(),
+            if let Some(s) = self.pending.next() {
+                return Some(s);
             }
+            let from = self.fetch_after.as_ref()?;
+            let piece = self.st.fences().page(from.as_deref(), FETCH);
+            self.fetch_after = piece.last().map(|s| Some(s.fence.id.to_string()));
+            self.pending = piece.into_iter();
+            self.pending.next()
         }
     }
+    let (pending, fetch_after) = match matches {
+        Some(m) => (m, None),
+        None => (Vec::new(), Some(after.clone())),
+    };
     let list = List {
         st,
-        matches: matches.map(Vec::into_iter),
+        pending: pending.into_iter(),
+        fetch_after,
         after,
         left: limit,
         wrote_any: false,
