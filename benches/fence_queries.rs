@@ -22,13 +22,9 @@ use fencegen::*;
 #[path = "common/out.rs"]
 mod benchout;
 
-fn arg(args: &[String], name: &str, default: usize) -> usize {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+#[path = "common/args.rs"]
+mod args;
+use args::arg;
 
 /// p50, p99, max of `ns`, in microseconds.
 fn pcts(ns: &mut [u64]) -> [f64; 3] {

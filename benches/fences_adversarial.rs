@@ -21,13 +21,9 @@ use fencegen::*;
 #[path = "common/out.rs"]
 mod benchout;
 
-fn arg(args: &[String], name: &str, default: usize) -> usize {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+#[path = "common/args.rs"]
+mod args;
+use args::arg;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
