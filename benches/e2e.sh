@@ -37,18 +37,8 @@ fi
 OUT="${CARGO_TARGET_DIR:-$PWD/target}/bench/e2e"
 rm -rf "$OUT"
 mkdir -p "$OUT"
-PORT=$((20000 + RANDOM % 20000))
-URL="http://127.0.0.1:$PORT"
-SERVER_PID=""
-
-stop_server() {
-  if [[ -n "$SERVER_PID" ]]; then
-    kill "$SERVER_PID" 2>/dev/null || true
-    wait "$SERVER_PID" 2>/dev/null || true
-    SERVER_PID=""
-  fi
-}
-trap stop_server EXIT
+# shellcheck source=benches/common/server.sh
+source benches/common/server.sh
 
 # start_server NAME DURABILITY LATENESS
 start_server() {

@@ -21,17 +21,8 @@ cargo build --release --quiet
 BIN=$PWD/target/release/geodwell
 OUT=${CARGO_TARGET_DIR:-target}/bench/sync_latency
 mkdir -p "$OUT"
-PORT=$((20000 + RANDOM % 20000))
-URL="http://127.0.0.1:$PORT"
-SERVER_PID=""
-stop_server() {
-  if [[ -n "$SERVER_PID" ]]; then
-    kill "$SERVER_PID" 2>/dev/null || true
-    wait "$SERVER_PID" 2>/dev/null || true
-    SERVER_PID=""
-  fi
-}
-trap stop_server EXIT
+# shellcheck source=benches/common/server.sh
+source benches/common/server.sh
 
 variants=("this:none:$BIN" "this:sync:$BIN")
 if [[ -n "${BASE_BIN:-}" ]]; then
