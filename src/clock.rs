@@ -207,6 +207,32 @@ impl Watermark {
         }
     }
 
+    /// event mode: moves the watermark to `to` by hand (the end of a backfill): stamps from now
+    /// on are at least `to`, and unless this is a cluster node (whose watermark is the
+    /// cluster's) the shards are told at once. Returns the watermark before; refuses (with the
+    /// current one) a `to` behind it. Moving to the current value is a no-op that succeeds.
+    pub fn advance_to(&self, to: Ts) -> Result<Option<Ts>, Ts> {
+        let current = self.current();
+        if let Some(c) = current
+            && to < c
+        {
+            return Err(c);
+        }
+        self.max_seen
+            .fetch_max(to.plus(self.lateness).0, Ordering::AcqRel);
+        if !self.external.load(std::sync::atomic::Ordering::Acquire) {
+            self.published.send_if_modified(|cur| {
+                if cur.is_none_or(|c| c < to) {
+                    *cur = Some(to);
+                    true
+                } else {
+                    false
+                }
+            });
+        }
+        Ok(current)
+    }
+
     /// event mode: a receiver of the published watermark, for a shard.
     pub fn subscribe(&self) -> watch::Receiver<Option<Ts>> {
         self.published.subscribe()

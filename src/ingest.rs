@@ -48,6 +48,27 @@ pub struct IngestReport {
     pub errors: Vec<RejectedItem>,
 }
 
+/// Why an explicit watermark advance was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AdvanceError {
+    /// `time.clock = "live"`: the watermark follows the wall clock.
+    #[error(
+        "the watermark follows the wall clock (time.clock = \"live\"); only an event clock is advanced by hand"
+    )]
+    LiveClock,
+    /// The requested time is behind the current watermark.
+    #[error("{to} is behind the current watermark {current}; the watermark never moves back")]
+    Behind {
+        /// The requested watermark.
+        to: Ts,
+        /// The current one.
+        current: Ts,
+    },
+    /// The shards (or the cluster) did not take it.
+    #[error(transparent)]
+    Query(#[from] crate::shard::QueryError),
+}
+
 /// Why a whole batch could not be taken.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BatchError {
@@ -92,6 +113,25 @@ impl Ingest {
     /// The wall-clock time fixes arriving now are judged at.
     pub fn now(&self) -> Ts {
         self.watermark.wall().now()
+    }
+
+    /// event mode: moves the watermark to `to` by hand (the end of a backfill, so that the
+    /// deadlines after the last fix fire). Like any input it is durable before the answer: the
+    /// fix time it stands for (`to + lateness`) is committed with the shards' steps, so a
+    /// restart resumes from it, and the events it fires are committed before they are
+    /// published. Returns the watermark before.
+    pub async fn advance_watermark(&self, to: Ts) -> Result<Option<Ts>, AdvanceError> {
+        if self.watermark.mode() != crate::config::ClockMode::Event {
+            return Err(AdvanceError::LiveClock);
+        }
+        let before = self
+            .watermark
+            .advance_to(to)
+            .map_err(|current| AdvanceError::Behind { to, current })?;
+        self.shards
+            .advance(to, to.plus(self.watermark.lateness()))
+            .await?;
+        Ok(before)
     }
 
     /// Parses and validates wire items (the JSON transports).

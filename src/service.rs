@@ -36,6 +36,8 @@ use crate::state::{AppState, Parts};
 use crate::webhooks::{WebhookError, Webhooks};
 use crate::wire::FixLimits;
 use crate::{http, telemetry};
+use geodwell_core::engine::IdleRule;
+use geodwell_core::time::Dur;
 
 /// Why the service could not start, or stopped with an error.
 #[derive(Debug, Error)]
@@ -154,6 +156,7 @@ impl Service {
                 checkpoints: checkpointer.as_ref().map(|(c, _)| c.tx.clone()),
                 shutdown: shard_stop.clone(),
                 queue: cfg.shard_queue,
+                idle: (cfg.idle_ttl > Dur::ZERO).then_some(IdleRule { ttl: cfg.idle_ttl }),
             },
         );
         let registry = Arc::new(FenceRegistry::new(

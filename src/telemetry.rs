@@ -24,6 +24,8 @@ pub const EVENTS_EMITTED: &str = "geodwell_events_emitted_total";
 pub const PAIRS_LIVE: &str = "geodwell_pairs_live";
 /// Devices known, by `shard`.
 pub const DEVICES: &str = "geodwell_devices";
+/// Devices removed, by `reason` (`delete`: `DELETE /v1/devices/{id}`; `idle`: `devices.idle_ttl`).
+pub const DEVICES_REMOVED: &str = "geodwell_devices_removed_total";
 /// Fixes waiting in reorder buffers, by `shard`.
 pub const FIXES_BUFFERED: &str = "geodwell_fixes_buffered";
 /// Live wheel timers, by `shard`.
@@ -225,6 +227,9 @@ pub fn install() -> PrometheusHandle {
             for kind in ["header", "body", "write"] {
                 metrics::counter!(HTTP_TIMEOUTS, "kind" => kind).absolute(0);
             }
+            for reason in ["delete", "idle"] {
+                metrics::counter!(DEVICES_REMOVED, "reason" => reason).absolute(0);
+            }
             for c in [
                 HTTP_CONNECTIONS_ACCEPTED,
                 HTTP_CONNECTIONS_EVICTED,
@@ -294,6 +299,10 @@ fn describe() {
     describe_counter!(EVENTS_EMITTED, "Events emitted, by type.");
     describe_gauge!(PAIRS_LIVE, "Live device-fence pair records, by shard.");
     describe_gauge!(DEVICES, "Devices known, by shard.");
+    describe_counter!(
+        DEVICES_REMOVED,
+        "Devices removed, by reason: delete (DELETE /v1/devices/{id}) or idle (devices.idle_ttl)."
+    );
     describe_gauge!(FIXES_BUFFERED, "Fixes waiting for the watermark, by shard.");
     describe_gauge!(WHEEL_TIMERS_LIVE, "Live timer-wheel entries, by shard.");
     describe_gauge!(

@@ -168,6 +168,9 @@ fn replay(
                 let _ = engine.ingest(fix, *stamp, &mut shard.events);
             }
         }
+        ShardInput::Removed(r) => {
+            crate::shard::apply_removal(engine, &r, &mut shard.events);
+        }
         ShardInput::Fence(n) => {
             let change = changes.get(&n).ok_or_else(|| {
                 BootError::Corrupt(format!(

@@ -212,6 +212,12 @@ impl ClusterIngest {
         self.acked_max.load(Ordering::Acquire)
     }
 
+    /// Raises the shared fix time by hand (`POST /v1/watermark`): shared with the cluster like
+    /// an acknowledged batch's.
+    pub fn raise_acked_max(&self, max_seen: i64) {
+        self.acked_max.fetch_max(max_seen, Ordering::AcqRel);
+    }
+
     /// Queues each partition's part of a batch, all or nothing (see `Shards::send_batch_with`).
     pub fn send_batch_with<T>(
         &self,

@@ -134,6 +134,8 @@ impl ClusterNode {
                 track_dirty: true,
             },
             max_device_len: cfg.max_device_len,
+            idle: (cfg.idle_ttl > geodwell_core::time::Dur::ZERO)
+                .then_some(geodwell_core::engine::IdleRule { ttl: cfg.idle_ttl }),
             checkpoint_every: Duration::from_millis(cc.checkpoint_interval.millis().max(100) as u64),
             board: Arc::new(status::Board::default()),
         });

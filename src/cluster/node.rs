@@ -43,9 +43,12 @@ use super::partition::{self, Control, Ended, Shared};
 use super::query;
 use super::status::{Board, Heartbeat};
 use crate::events::publisher::StepReply;
-use crate::shard::{BoxFuture, DevicePage, Partitions, QueryError, SendError, StampedFix};
+use crate::shard::{
+    BoxFuture, DevicePage, OccupantPage, Partitions, QueryError, SendError, StampedFix,
+};
 use crate::telemetry as t;
 use geodwell_core::engine::DeviceView;
+use geodwell_core::time::Ts;
 
 /// How long a device query waits for a partition's owner.
 pub const QUERY_TIMEOUT: Duration = Duration::from_secs(3);
@@ -246,6 +249,25 @@ impl ClusterPartitions {
         }
     }
 
+    /// Asks partition `p`'s owner an occupancy query: this node's own partition task when it
+    /// owns it, else the owner over NATS; the answer is encoded the same either way.
+    async fn ask_any(&self, p: u16, req: query::Request) -> Result<Vec<u8>, QueryError> {
+        if let Some(c) = self.runtime.control(p) {
+            let (tx, rx) = oneshot::channel();
+            if c.send(Control::Ask {
+                req: req.clone(),
+                reply: tx,
+            })
+            .await
+            .is_ok()
+                && let Ok(v) = rx.await
+            {
+                return Ok(v);
+            }
+        }
+        self.ask(p, req).await
+    }
+
     async fn ask(&self, p: u16, req: query::Request) -> Result<Vec<u8>, QueryError> {
         let unavailable = |e: &dyn std::fmt::Display| {
             QueryError::Unavailable(format!(
@@ -330,6 +352,95 @@ impl Partitions for ClusterPartitions {
             }
             let body = self.ask(p, query::Request::Page { from, limit }).await?;
             query::decode_page(&body).map_err(QueryError::Unavailable)
+        })
+    }
+
+    fn occupants(
+        &self,
+        p: usize,
+        fence: Arc<str>,
+        from: u32,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<OccupantPage, QueryError>> {
+        Box::pin(async move {
+            let req = query::Request::Occupants {
+                fence: fence.to_string(),
+                from,
+                limit: limit.min(query::MAX_PAGE),
+            };
+            let body = self.ask_any(p as u16, req).await?;
+            query::decode_occupants(&body).map_err(QueryError::Unavailable)
+        })
+    }
+
+    fn remove_device(&self, id: String) -> BoxFuture<'_, Result<bool, QueryError>> {
+        Box::pin(async move {
+            if self.device(id.clone()).await?.is_none() {
+                return Ok(false);
+            }
+            let p = crate::shard::shard_of(&id, self.len()) as u16;
+            let mut rec = Vec::new();
+            crate::store::input::encode_removal(
+                &crate::store::input::Removal {
+                    w_before: None,
+                    idle: None,
+                    ids: vec![id],
+                },
+                &mut rec,
+            );
+            // Stored (replicated) before the answer; the owner applies it when it reads it.
+            let unavailable = |e: &dyn std::fmt::Display| {
+                QueryError::Unavailable(format!(
+                    "partition {p}'s input did not take the removal ({e}); retry shortly"
+                ))
+            };
+            let ack = self
+                .nats
+                .js
+                .publish(super::nats::in_subject(p), rec.into())
+                .await
+                .map_err(|e| unavailable(&e))?;
+            tokio::time::timeout(QUERY_TIMEOUT * 4, ack)
+                .await
+                .map_err(|_| unavailable(&"no acknowledgement"))?
+                .map_err(|e| unavailable(&e))?;
+            Ok(true)
+        })
+    }
+
+    fn advance(&self, to: Ts, max_seen: Ts) -> BoxFuture<'_, Result<(), QueryError>> {
+        Box::pin(async move {
+            // Shared like an acknowledged batch's fix time (the META bucket, `wm.<node>`): every
+            // node's watermark follows it, and partition owners write ticks into their inputs.
+            self.ingest.raise_acked_max(max_seen.0);
+            let deadline = tokio::time::Instant::now() + QUERY_TIMEOUT * 4;
+            loop {
+                if self
+                    .runtime
+                    .shared
+                    .watermark
+                    .current()
+                    .is_some_and(|w| w >= to)
+                {
+                    return Ok(());
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(QueryError::Unavailable(
+                        "the cluster has not taken the new watermark yet (NATS unreachable?); retry shortly".into(),
+                    ));
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        })
+    }
+
+    fn inside(&self, p: usize, fence: Arc<str>) -> BoxFuture<'_, Result<u64, QueryError>> {
+        Box::pin(async move {
+            let req = query::Request::Inside {
+                fence: fence.to_string(),
+            };
+            let body = self.ask_any(p as u16, req).await?;
+            query::decode_inside(&body).map_err(QueryError::Unavailable)
         })
     }
 }

@@ -70,6 +70,8 @@ pub struct Shared {
     pub engine: EngineConfig,
     /// Longest device id.
     pub max_device_len: usize,
+    /// `devices.idle_ttl`: the owner sweeps for idle devices (`None`: never).
+    pub idle: Option<geodwell_core::engine::IdleRule>,
     /// How often to checkpoint.
     pub checkpoint_every: Duration,
     /// Where tasks report.
@@ -95,6 +97,13 @@ pub enum Control {
         /// Where to answer.
         reply: oneshot::Sender<(Vec<DeviceSummary>, Option<u32>)>,
     },
+    /// An occupancy query ([`query::answer_occupancy`]), answered encoded as to another node.
+    Ask {
+        /// The query.
+        req: query::Request,
+        /// Where to answer.
+        reply: oneshot::Sender<Vec<u8>>,
+    },
     /// Stop taking input, publish what is produced, write a final checkpoint, and end.
     Stop,
 }
@@ -115,6 +124,8 @@ pub enum Ended {
 
 /// Devices handed from the engine into a checkpoint object per step.
 const CHECKPOINT_CHUNK: usize = 2048;
+/// Device slots one idle sweep looks at.
+const IDLE_SCAN: usize = 8192;
 
 /// A checkpoint being frozen.
 struct Freeze {
@@ -265,6 +276,8 @@ async fn run_inner(
     ck_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ck_timer.reset();
     let mut housekeeping = tokio::time::interval(Duration::from_millis(500));
+    let mut idle_timer = tokio::time::interval(Duration::from_millis(100));
+    idle_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut fence_behind_since: Option<Instant> = None;
     let mut freeze: Option<Freeze> = None;
     let clock = sh.watermark.mode();
@@ -297,6 +310,11 @@ async fn run_inner(
                 }
                 Some(Control::Page { from, limit, reply }) => {
                     let _ = reply.send(part.engine.device_page(from, limit));
+                }
+                Some(Control::Ask { req, reply }) => {
+                    let _ = reply.send(
+                        query::answer_occupancy(&part.engine, &req).unwrap_or_default(),
+                    );
                 }
                 Some(Control::Stop) | None => {
                     let checkpointed = part.final_checkpoint(freeze.take()).await;
@@ -364,6 +382,7 @@ async fn run_inner(
                 }
             }
             _ = sleep_until(tick_at), if tick_at.is_some() => part.publish_tick(clock).await,
+            _ = idle_timer.tick(), if caught_up && sh.idle.is_some() => part.publish_idle().await,
             changed = w_rx.changed(), if clock == ClockMode::Event => {
                 if changed.is_err() {
                     break Ended::Stopped { checkpointed: false };
@@ -472,6 +491,13 @@ impl Part {
                         .await;
                 }
             }
+            PartitionInput::Removed(r) => {
+                let n = crate::shard::apply_removal(&mut self.engine, &r, &mut self.out);
+                let reason = if r.idle.is_some() { "idle" } else { "delete" };
+                if live {
+                    counter!(t::DEVICES_REMOVED, "reason" => reason).increment(n as u64);
+                }
+            }
             PartitionInput::Tick(w) => {
                 self.tick_outstanding = None;
                 self.carried = self.engine.advance(w, &mut self.out).carried;
@@ -547,6 +573,39 @@ impl Part {
         }
     }
 
+    /// Looks for idle devices and, if any, writes their removal to the partition's input, with
+    /// the idle TTL: applied when it comes back, to those still idle then (not waited for).
+    async fn publish_idle(&mut self) {
+        let (Some(rule), Some(w)) = (self.sh.idle, self.engine.watermark()) else {
+            return;
+        };
+        if !self.lease.valid() {
+            return;
+        }
+        let ids = self.engine.expire_idle(rule, w, IDLE_SCAN);
+        if ids.is_empty() {
+            return;
+        }
+        let mut rec = Vec::new();
+        crate::store::input::encode_removal(
+            &crate::store::input::Removal {
+                w_before: None,
+                idle: Some(rule.ttl),
+                ids: ids.iter().map(|s| s.to_string()).collect(),
+            },
+            &mut rec,
+        );
+        let msg = PublishMessage::build().payload(rec.into());
+        match self.sh.nats.js.send_publish(in_subject(self.p), msg).await {
+            Ok(ack) => {
+                tokio::spawn(async move {
+                    let _ = ack.await;
+                });
+            }
+            Err(e) => tracing::debug!(partition = self.p, error = %e, "idle removal not published"),
+        }
+    }
+
     /// Writes a tick to the partition's input (applied when it comes back, like any record).
     async fn publish_tick(&mut self, clock: ClockMode) {
         let wm = &self.sh.watermark;
@@ -581,6 +640,7 @@ impl Part {
                 let (page, next) = self.engine.device_page(from, limit.min(query::MAX_PAGE));
                 query::encode_page(&page, next)
             }
+            Some(req) => query::answer_occupancy(&self.engine, &req).unwrap_or_default(),
             None => b"{}".to_vec(),
         };
         let _ = self.sh.nats.client.publish(reply, body.into()).await;

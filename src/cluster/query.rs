@@ -1,4 +1,5 @@
-//! Device queries across nodes: `GET /v1/devices/{id}` and the device listing, asked of the
+//! Device queries across nodes: `GET /v1/devices/{id}`, the device listing and a fence's
+//! occupants and inside count, asked of the
 //! partition's owner by request/reply on `geodwell.q.<p>` (core NATS, not stored). The wire
 //! forms here mirror the engine's views; the owner encodes, the asking node decodes.
 
@@ -6,7 +7,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use geodwell_core::engine::{DeviceSummary, DeviceView};
+use geodwell_core::engine::{DeviceSummary, DeviceView, Engine, Occupant};
 use geodwell_core::pairs::PairView;
 use geodwell_core::time::{Dur, Ts};
 
@@ -28,6 +29,20 @@ pub enum Request {
         from: u32,
         /// Page length.
         limit: usize,
+    },
+    /// A page of the devices inside a fence, from pair slot `from`.
+    Occupants {
+        /// Fence id.
+        fence: String,
+        /// First pair slot.
+        from: u32,
+        /// Page length.
+        limit: usize,
+    },
+    /// How many devices are inside a fence.
+    Inside {
+        /// Fence id.
+        fence: String,
     },
 }
 
@@ -82,6 +97,99 @@ struct WirePage {
     next: Option<u32>,
 }
 
+#[derive(Debug, Serialize, Deserialize)]
+struct WireOccupant {
+    device: String,
+    last_fix_at: Option<i64>,
+    pair: WirePair,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct WireOccupants {
+    occupants: Vec<WireOccupant>,
+    next: Option<u32>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct WireInside {
+    inside: u64,
+}
+
+fn wire_pair(fence: &str, p: &PairView) -> WirePair {
+    WirePair {
+        fence: fence.to_string(),
+        inside: p.inside,
+        entered_at: p.entered_at.0,
+        votes: p.votes,
+        fired_ms: p.fired.iter().map(|d| d.millis()).collect(),
+        waiting_stale_ms: p.waiting_stale.iter().map(|d| d.millis()).collect(),
+        next_due: p.next_due.map(|t| t.0),
+    }
+}
+
+fn view_of(p: WirePair) -> PairView {
+    PairView {
+        inside: p.inside,
+        entered_at: Ts(p.entered_at),
+        votes: p.votes,
+        fired: p.fired_ms.into_iter().map(Dur).collect(),
+        waiting_stale: p.waiting_stale_ms.into_iter().map(Dur).collect(),
+        next_due: p.next_due.map(Ts),
+    }
+}
+
+/// The owner's answer to an occupancy query (`Occupants` or `Inside`), encoded: the same code
+/// answers a query from this node's handle and one from another node. `None` for other
+/// requests, which the caller answers with its typed paths.
+pub fn answer_occupancy(engine: &Engine, req: &Request) -> Option<Vec<u8>> {
+    match req {
+        Request::Occupants { fence, from, limit } => {
+            let (page, next) = engine.fence_occupants(
+                fence,
+                *from,
+                (*limit).min(MAX_PAGE),
+                crate::shard::OCCUPANCY_SCAN,
+            );
+            let occupants = page
+                .iter()
+                .map(|o| WireOccupant {
+                    device: o.device.to_string(),
+                    last_fix_at: o.last_fix_at.map(|t| t.0),
+                    pair: wire_pair(fence, &o.pair),
+                })
+                .collect();
+            serde_json::to_vec(&WireOccupants { occupants, next }).ok()
+        }
+        Request::Inside { fence } => serde_json::to_vec(&WireInside {
+            inside: engine.fence_inside(fence),
+        })
+        .ok(),
+        _ => None,
+    }
+}
+
+/// Decodes the answer to an `Occupants` query.
+pub fn decode_occupants(b: &[u8]) -> Result<(Vec<Occupant>, Option<u32>), String> {
+    let a: WireOccupants = serde_json::from_slice(b).map_err(|e| e.to_string())?;
+    Ok((
+        a.occupants
+            .into_iter()
+            .map(|o| Occupant {
+                device: Arc::from(o.device.as_str()),
+                last_fix_at: o.last_fix_at.map(Ts),
+                pair: view_of(o.pair),
+            })
+            .collect(),
+        a.next,
+    ))
+}
+
+/// Decodes the answer to an `Inside` query.
+pub fn decode_inside(b: &[u8]) -> Result<u64, String> {
+    let a: WireInside = serde_json::from_slice(b).map_err(|e| e.to_string())?;
+    Ok(a.inside)
+}
+
 /// Encodes the answer to a device query.
 pub fn encode_device(d: Option<DeviceView>) -> Vec<u8> {
     let device = d.map(|d| WireDevice {
@@ -92,15 +200,7 @@ pub fn encode_device(d: Option<DeviceView>) -> Vec<u8> {
         pairs: d
             .pairs
             .into_iter()
-            .map(|(fence, p)| WirePair {
-                fence: fence.to_string(),
-                inside: p.inside,
-                entered_at: p.entered_at.0,
-                votes: p.votes,
-                fired_ms: p.fired.iter().map(|d| d.millis()).collect(),
-                waiting_stale_ms: p.waiting_stale.iter().map(|d| d.millis()).collect(),
-                next_due: p.next_due.map(|t| t.0),
-            })
+            .map(|(fence, p)| wire_pair(&fence, &p))
             .collect(),
     });
     serde_json::to_vec(&WireDeviceAnswer { device }).unwrap_or_default()
@@ -117,19 +217,7 @@ pub fn decode_device(b: &[u8]) -> Result<Option<DeviceView>, String> {
         pairs: d
             .pairs
             .into_iter()
-            .map(|p| {
-                (
-                    Arc::from(p.fence.as_str()),
-                    PairView {
-                        inside: p.inside,
-                        entered_at: Ts(p.entered_at),
-                        votes: p.votes,
-                        fired: p.fired_ms.into_iter().map(Dur).collect(),
-                        waiting_stale: p.waiting_stale_ms.into_iter().map(Dur).collect(),
-                        next_due: p.next_due.map(Ts),
-                    },
-                )
-            })
+            .map(|p| (Arc::from(p.fence.as_str()), view_of(p)))
             .collect(),
     }))
 }
@@ -207,6 +295,34 @@ mod tests {
             (page, Some(7))
         );
         assert!(decode_page(b"nope").is_err());
+        let mut engine = Engine::new(Default::default());
+        let fence = Arc::new(
+            geodwell_core::fences::Fence::from_feature(
+                &serde_json::from_value(serde_json::json!({"type": "Feature", "id": "f",
+                    "geometry": {"type": "Point", "coordinates": [10.0, 50.0]},
+                    "properties": {"radius_m": 100, "dwell": ["1m"]}}))
+                .unwrap(),
+                None,
+                &Default::default(),
+            )
+            .unwrap(),
+        );
+        engine.upsert_fence(fence, &mut Vec::new());
+        let fix =
+            geodwell_core::fix::Fix::new("truck-17", Ts(1_000_000), 50.0, 10.0, None, 64).unwrap();
+        engine.ingest(&fix, Ts(1_000_000), &mut Vec::new()).unwrap();
+        let want = engine.fence_occupants("f", 0, 10, 100);
+        assert_eq!(want.0.len(), 1);
+        let req = Request::Occupants {
+            fence: "f".into(),
+            from: 0,
+            limit: 10,
+        };
+        let body = answer_occupancy(&engine, &Request::decode(&req.encode()).unwrap()).unwrap();
+        assert_eq!(decode_occupants(&body).unwrap(), want);
+        let body = answer_occupancy(&engine, &Request::Inside { fence: "f".into() }).unwrap();
+        assert_eq!(decode_inside(&body).unwrap(), 1);
+        assert!(decode_inside(b"{}").is_err());
         let r = Request::Page { from: 3, limit: 9 };
         assert_eq!(Request::decode(&r.encode()), Some(r));
         assert_eq!(Request::decode(b"{\"op\":\"x\"}"), None);

@@ -10,10 +10,13 @@
 //!   in `live` mode from its wall clock, in `event` mode from the cluster's watermark);
 //! - [`PartitionInput::Fences`]: apply the cluster's fence changes up to fence stream sequence
 //!   `c` (written by whoever changed a fence, so the change reaches every partition at a
-//!   definite point of its input).
+//!   definite point of its input);
+//! - [`PartitionInput::Removed`]: remove devices (the embedded log's removal record: written by
+//!   `DELETE /v1/devices/{id}` on any node, outright, or by the owner's idle sweep, with the idle
+//!   TTL so that a device that got a fix in between is kept).
 //!
 //! ```text
-//! u8 kind: 1 = fixes (see store::input), 3 = tick, 4 = fences
+//! u8 kind: 1 = fixes, 5 = removed (see store::input), 3 = tick, 4 = fences
 //! tick:   zz W
 //! fences: uv c
 //! ```
@@ -40,11 +43,14 @@ pub enum PartitionInput {
     Tick(Ts),
     /// Apply the cluster's fence changes up to this fence stream sequence.
     Fences(u64),
+    /// Remove devices.
+    Removed(crate::store::input::Removal),
 }
 
 const KIND_FIXES: u8 = 1;
 const KIND_TICK: u8 = 3;
 const KIND_FENCES: u8 = 4;
+const KIND_REMOVED: u8 = 5;
 
 /// Encodes a fixes record.
 pub fn encode_fix_record<'a>(
@@ -76,8 +82,9 @@ pub fn decode_record(bytes: &[u8], max_device_len: usize) -> Result<PartitionInp
     let mut r = Reader { b: bytes, at: 0 };
     let kind = r.u8()?;
     let out = match kind {
-        KIND_FIXES => {
+        KIND_FIXES | KIND_REMOVED => {
             return match decode_shard_input(bytes, max_device_len)? {
+                ShardInput::Removed(r) => Ok(PartitionInput::Removed(r)),
                 ShardInput::Fixes {
                     w_before: None,
                     fixes,

@@ -222,6 +222,7 @@ impl Config {
             max_buffered_per_device: b.count("max_buffered_per_device"),
             max_queued_bytes: b.count("max_queued_bytes"),
             max_devices: b.count("max_devices"),
+            idle_ttl: b.dur("idle_ttl"),
             max_ws_connections: b.count("max_ws_connections"),
             shard_queue: b.count("shard_queue"),
             log_capacity: b.count("log_capacity"),

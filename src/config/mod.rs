@@ -111,6 +111,8 @@ pub struct Config {
     pub max_queued_bytes: usize,
     /// Most devices held (each shard holds at most its share, rounded up).
     pub max_devices: usize,
+    /// Forget devices idle this long in event time (nothing open, no fix waiting); zero = never.
+    pub idle_ttl: Dur,
     /// Most open ingest WebSockets.
     pub max_ws_connections: usize,
     /// Queued batches per shard.

@@ -69,6 +69,7 @@ pub(super) const SCHEMA: &[(&str, &str, Kind)] = &[
     ("server", "write_timeout", Kind::Duration { zero_ok: false }),
     ("server", "cors_origins", Kind::Origins),
     ("server", "allow_private_targets", Kind::Bool),
+    ("devices", "idle_ttl", Kind::Duration { zero_ok: true }),
     ("time", "clock", Kind::Clock),
     ("time", "lateness", Kind::Duration { zero_ok: true }),
     ("time", "max_future", Kind::Duration { zero_ok: true }),

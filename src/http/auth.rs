@@ -34,6 +34,7 @@ pub fn required_scope(method: &Method, route: &str, open_metrics: bool) -> Optio
         "/v1/devices"
         | "/v1/devices/{id}"
         | "/v1/devices/{id}/visits"
+        | "/v1/fences/{id}/devices"
         | "/v1/events"
         | "/v1/events/ws"
         | "/v1/cluster"
@@ -237,6 +238,10 @@ mod tests {
         assert_eq!(
             required_scope(&g, "/v1/trackers/osmand", true),
             Some(Scope::Ingest)
+        );
+        assert_eq!(
+            required_scope(&g, "/v1/fences/{id}/devices", true),
+            Some(Scope::Read)
         );
         assert_eq!(required_scope(&g, "/v1/webhooks", true), Some(Scope::Admin));
         assert_eq!(

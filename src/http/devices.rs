@@ -1,4 +1,6 @@
 //! `GET /v1/devices/{id}`: a device's last fix and its pairs' states, asked of its shard.
+//! `DELETE /v1/devices/{id}`: forgets a device (its pairs, timers and buffered fixes; no EXIT
+//! is emitted), durably, as a record of its shard's input.
 //! `GET /v1/devices`: every device's position and the fences it is inside, paged (the cursor
 //! and its guarantees are [`crate::shard::DeviceCursor`]'s).
 
@@ -170,6 +172,31 @@ pub async fn get_device(
             .map(|(fence, p)| PairOut::new(fence, p))
             .collect(),
     }))
+}
+
+/// `DELETE /v1/devices/{id}`.
+#[utoipa::path(delete, path = "/v1/devices/{id}", tag = "devices",
+    description = "Forgets a device: its pairs, pending timers and buffered fixes are dropped and no EXIT is emitted (an open visit stays open in the event history). A later fix of the same id starts a new device. Durable before the answer. Scope: admin.",
+    params(("id" = String, Path, description = "Device id")),
+    responses(
+        (status = 204, description = "Removed"),
+        (status = 400, description = "Bad request", body = ErrorBody), Refused,
+        (status = 404, description = "No such device", body = ErrorBody),
+        (status = 503, description = "Store or partition unavailable, or shutting down (Retry-After)", body = ErrorBody),
+    ))]
+pub async fn delete_device(
+    State(st): State<Arc<AppState>>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<axum::http::StatusCode, ApiError> {
+    let Path(id) = path?;
+    if st.shards().remove_device(&id).await? {
+        Ok(axum::http::StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::not_found(
+            "device_not_found",
+            format!("no device with id {id:?}"),
+        ))
+    }
 }
 
 /// Largest page `GET /v1/devices` answers.

@@ -202,12 +202,13 @@ pub async fn post_fences(
 
 /// `GET /v1/fences/{id}`.
 #[utoipa::path(get, path = "/v1/fences/{id}", tag = "fences",
-    description = "One fence, normalized. Scope: read.",
+    description = "One fence, normalized, with `inside`: how many devices are inside it now. Scope: read.",
     params(("id" = String, Path, description = "Fence id")),
     responses(
         (status = 200, description = "The fence", body = FenceOut),
         (status = 400, description = "Bad request", body = ErrorBody), Refused,
         (status = 404, description = "No such fence", body = ErrorBody),
+        (status = 503, description = "A partition unavailable or shutting down (Retry-After)", body = ErrorBody),
     ))]
 pub async fn get_fence(
     State(st): State<Arc<AppState>>,
@@ -217,10 +218,13 @@ pub async fn get_fence(
     let f = st.fences().get(&id).ok_or_else(|| {
         ApiError::not_found("fence_not_found", format!("no fence with id {id:?}"))
     })?;
-    // The text rendered when the fence was written (what `Json(FenceOut(..))` would write).
+    let inside = st.shards().inside(&id).await?;
+    // The text rendered when the fence was written (what `Json(FenceOut(..))` would write),
+    // with the count as a foreign member in front (the text is an object with members).
+    let rest = f.json.strip_prefix('{').unwrap_or(&f.json);
     Ok((
         [(axum::http::header::CONTENT_TYPE, "application/json")],
-        f.json.to_string(),
+        format!("{{\"inside\":{inside},{rest}"),
     )
         .into_response())
 }

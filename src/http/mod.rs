@@ -11,6 +11,7 @@ pub mod events;
 pub mod fences;
 pub mod fixes;
 pub mod ingest_ws;
+pub mod occupancy;
 pub mod openapi;
 pub mod ops;
 pub mod origin;
@@ -20,6 +21,7 @@ pub mod stream;
 pub mod trackers;
 pub mod ui;
 pub mod visits;
+pub mod watermark;
 pub mod webhooks;
 
 use std::sync::Arc;
@@ -91,12 +93,14 @@ pub fn documented_routes() -> OpenApiRouter<Arc<AppState>> {
             fences::put_fence,
             fences::delete_fence
         ))
+        .routes(routes!(occupancy::list_occupants))
         .routes(routes!(devices::list_devices))
-        .routes(routes!(devices::get_device))
+        .routes(routes!(devices::get_device, devices::delete_device))
         .routes(routes!(visits::list_visits))
         .routes(routes!(events::poll))
         .routes(routes!(events::subscribe))
         .routes(routes!(ingest_ws::ingest_ws))
+        .routes(routes!(watermark::post_watermark))
         .routes(routes!(ops::metrics))
         .routes(routes!(ops::healthz))
         .routes(routes!(ops::readyz))

@@ -154,6 +154,9 @@ pub struct FenceFeature {
     pub geometry: Geometry,
     /// Fence settings and tags.
     pub properties: Option<std::collections::BTreeMap<String, Value>>,
+    /// Devices inside the fence now: answered by `GET /v1/fences/{id}` only, ignored in input.
+    #[schema(read_only, minimum = 0)]
+    pub inside: Option<u64>,
 }
 
 /// A GeoJSON geometry object.

@@ -16,15 +16,16 @@
 //! A cluster node puts another implementation behind the same methods ([`Partitions`]):
 //! partitions owned by the cluster's nodes, reached through NATS JetStream (docs/cluster.md).
 
+mod cursor;
+mod removal;
 mod task;
 
 use std::fmt;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use geodwell_core::engine::{DeviceSummary, DeviceView};
+use geodwell_core::engine::{DeviceSummary, DeviceView, Occupant};
 use geodwell_core::fences::Fence;
 use geodwell_core::fix::Fix;
 use geodwell_core::time::Ts;
@@ -32,6 +33,8 @@ use tokio::sync::{mpsc, oneshot};
 
 pub use crate::events::publisher::{FixOutcome, StepReply};
 
+pub use cursor::{BadCursor, DeviceCursor};
+pub use removal::apply_removal;
 pub use task::{ShardCtx, ShardStart, spawn};
 
 /// A fix bound for a shard, with its index in the request and the watermark it arrived under.
@@ -88,7 +91,49 @@ enum ShardMsg {
         /// Where to answer: the page and the slot to resume from.
         reply: oneshot::Sender<(Vec<DeviceSummary>, Option<u32>)>,
     },
+    /// A page of the devices inside a fence, in pair slot order.
+    Occupants {
+        /// Fence id.
+        fence: Arc<str>,
+        /// First pair slot.
+        from: u32,
+        /// Page length.
+        limit: usize,
+        /// Where to answer: the page and the slot to resume from.
+        reply: oneshot::Sender<OccupantPage>,
+    },
+    /// Advance the engine to watermark `to` (an explicit advance, event mode) and commit
+    /// `max_seen` with the step; `ack` answers once the step is durable.
+    Advance {
+        /// The new watermark.
+        to: Ts,
+        /// The fix time that watermark stands for (`to + lateness`), persisted so that a
+        /// restart resumes from it.
+        max_seen: Ts,
+        /// Answered once the step (and the events it fired) is durable.
+        ack: oneshot::Sender<Result<(), crate::events::publisher::PublishError>>,
+    },
+    /// Remove a device (`DELETE /v1/devices/{id}`).
+    RemoveDevice {
+        /// Device id.
+        id: String,
+        /// Whether the device existed (answered at once).
+        reply: oneshot::Sender<bool>,
+        /// Answered once the removal is durable.
+        ack: oneshot::Sender<Result<(), crate::events::publisher::PublishError>>,
+    },
+    /// How many devices are inside a fence.
+    Inside {
+        /// Fence id.
+        fence: Arc<str>,
+        /// Where to answer.
+        reply: oneshot::Sender<u64>,
+    },
 }
+
+/// Pair slots one occupancy message looks at, at most: bounds the shard's pause (about a
+/// millisecond) however few devices the fence holds.
+pub const OCCUPANCY_SCAN: usize = 65_536;
 
 /// The shard a device belongs to, of `shards`.
 pub fn shard_of(device: &str, shards: usize) -> usize {
@@ -133,6 +178,9 @@ pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T
 /// A page of devices and the slot after it.
 pub type DevicePage = (Vec<DeviceSummary>, Option<u32>);
 
+/// A page of a fence's occupants and the pair slot after it.
+pub type OccupantPage = (Vec<Occupant>, Option<u32>);
+
 /// Partitions owned by the nodes of a cluster (implemented by `crate::cluster`): the seam a
 /// cluster node's [`Shards`] handle routes through. Batches go into the partitions' input,
 /// queries to their owners.
@@ -167,51 +215,30 @@ pub trait Partitions: Send + Sync + fmt::Debug {
         from: u32,
         limit: usize,
     ) -> BoxFuture<'_, Result<DevicePage, QueryError>>;
+
+    /// Up to `limit` devices inside fence `fence` in partition `p`, looking at pair slots from
+    /// `from` on (at most [`OCCUPANCY_SCAN`] of them), and the slot after them.
+    fn occupants(
+        &self,
+        p: usize,
+        fence: Arc<str>,
+        from: u32,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<OccupantPage, QueryError>>;
+
+    /// How many devices of partition `p` are inside fence `fence`.
+    fn inside(&self, p: usize, fence: Arc<str>) -> BoxFuture<'_, Result<u64, QueryError>>;
+
+    /// Removes device `id` through its partition's input, durably; whether it existed.
+    fn remove_device(&self, id: String) -> BoxFuture<'_, Result<bool, QueryError>>;
+
+    /// event mode: makes the cluster's watermark `to` (fix time `max_seen` = `to + lateness`),
+    /// durably, and returns once this node's watermark has reached it.
+    fn advance(&self, to: Ts, max_seen: Ts) -> BoxFuture<'_, Result<(), QueryError>>;
 }
 
 /// The answer of one shard to its part of a batch, once that part's step is durable.
 pub type PartReply = oneshot::Receiver<StepReply>;
-
-/// Where a device listing resumes: a shard and a slot in it. Opaque to clients (`<shard>.<slot>`);
-/// shards are walked in order and each in slot order, which is stable because slots are never
-/// reused, so paging never repeats or skips a device that existed when the walk began.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct DeviceCursor {
-    shard: usize,
-    slot: u32,
-}
-
-impl fmt::Display for DeviceCursor {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}", self.shard, self.slot)
-    }
-}
-
-/// A cursor that is not `<shard>.<slot>`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0:?} is not a cursor from next_after")]
-pub struct BadCursor(String);
-
-impl FromStr for DeviceCursor {
-    type Err = BadCursor;
-    /// A cursor past the end (a shard or slot that does not exist) is valid and yields an empty
-    /// last page, as paging past the end would.
-    fn from_str(s: &str) -> Result<DeviceCursor, BadCursor> {
-        let bad = || BadCursor(s.to_string());
-        let (a, b) = s.split_once('.').ok_or_else(bad)?;
-        let digits = |x: &str| !x.is_empty() && x.bytes().all(|c| c.is_ascii_digit());
-        if !digits(a) || !digits(b) {
-            return Err(bad());
-        }
-        let shard = a
-            .parse::<u64>()
-            .map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX));
-        let slot = b
-            .parse::<u64>()
-            .map_or(u32::MAX, |n| u32::try_from(n).unwrap_or(u32::MAX));
-        Ok(DeviceCursor { shard, slot })
-    }
-}
 
 /// The handle to the engines (cheap to clone): this process's shards, or a cluster's
 /// partitions.
@@ -374,6 +401,136 @@ impl Shards {
         Ok((devices, None))
     }
 
+    /// Up to `limit` devices inside fence `fence` from `after` on, and where the next page starts
+    /// (`None`: done). Each shard is walked in pair slot order a bounded slice at a time, so a
+    /// page may come back shorter than `limit` with a cursor to go on from.
+    pub async fn occupants(
+        &self,
+        fence: &str,
+        after: DeviceCursor,
+        limit: usize,
+    ) -> Result<(Vec<Occupant>, Option<DeviceCursor>), QueryError> {
+        let DeviceCursor {
+            mut shard,
+            mut slot,
+        } = after;
+        let fence: Arc<str> = Arc::from(fence);
+        let mut out = Vec::new();
+        let n = self.len();
+        // Bounded work per page: a rare fence over many shards answers with a cursor, not a
+        // walk of every pair.
+        let mut slices = 0;
+        while shard < n && out.len() < limit && slices < 16 {
+            slices += 1;
+            let want = limit - out.len();
+            let (page, next) = match &self.remote {
+                Some(r) => r.occupants(shard, fence.clone(), slot, want).await?,
+                None => {
+                    let (tx, rx) = oneshot::channel();
+                    self.senders[shard]
+                        .send(ShardMsg::Occupants {
+                            fence: fence.clone(),
+                            from: slot,
+                            limit: want,
+                            reply: tx,
+                        })
+                        .await
+                        .map_err(|_| QueryError::Closed)?;
+                    rx.await.map_err(|_| QueryError::Closed)?
+                }
+            };
+            out.extend(page);
+            match next {
+                Some(n) => slot = n,
+                None => {
+                    shard += 1;
+                    slot = 0;
+                }
+            }
+        }
+        let next = (shard < n).then_some(DeviceCursor { shard, slot });
+        Ok((out, next))
+    }
+
+    /// Removes device `id` (its pairs, timers and buffered fixes; no event) and returns once
+    /// the removal is durable; false for an unknown device.
+    pub async fn remove_device(&self, id: &str) -> Result<bool, QueryError> {
+        if let Some(r) = &self.remote {
+            return r.remove_device(id.to_string()).await;
+        }
+        let (tx, rx) = oneshot::channel();
+        let (ack_tx, ack_rx) = oneshot::channel();
+        self.senders[self.of(id)]
+            .send(ShardMsg::RemoveDevice {
+                id: id.to_string(),
+                reply: tx,
+                ack: ack_tx,
+            })
+            .await
+            .map_err(|_| QueryError::Closed)?;
+        let existed = rx.await.map_err(|_| QueryError::Closed)?;
+        if existed {
+            match ack_rx.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(QueryError::Unavailable(e.to_string())),
+                Err(_) => return Err(QueryError::Closed),
+            }
+        }
+        Ok(existed)
+    }
+
+    /// event mode: advances every shard to watermark `to` (which stands for fix time
+    /// `max_seen`) and returns once each has made that step durable, with the events it fired
+    /// (all of them unless the fire cap carried some to the next steps).
+    pub async fn advance(&self, to: Ts, max_seen: Ts) -> Result<(), QueryError> {
+        if let Some(r) = &self.remote {
+            return r.advance(to, max_seen).await;
+        }
+        let mut acks = Vec::with_capacity(self.senders.len());
+        for s in self.senders.iter() {
+            let (tx, rx) = oneshot::channel();
+            s.send(ShardMsg::Advance {
+                to,
+                max_seen,
+                ack: tx,
+            })
+            .await
+            .map_err(|_| QueryError::Closed)?;
+            acks.push(rx);
+        }
+        for rx in acks {
+            match rx.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(QueryError::Unavailable(e.to_string())),
+                Err(_) => return Err(QueryError::Closed),
+            }
+        }
+        Ok(())
+    }
+
+    /// How many devices are inside fence `fence`, over every shard.
+    pub async fn inside(&self, fence: &str) -> Result<u64, QueryError> {
+        let fence: Arc<str> = Arc::from(fence);
+        let mut total = 0;
+        for k in 0..self.len() {
+            total += match &self.remote {
+                Some(r) => r.inside(k, fence.clone()).await?,
+                None => {
+                    let (tx, rx) = oneshot::channel();
+                    self.senders[k]
+                        .send(ShardMsg::Inside {
+                            fence: fence.clone(),
+                            reply: tx,
+                        })
+                        .await
+                        .map_err(|_| QueryError::Closed)?;
+                    rx.await.map_err(|_| QueryError::Closed)?
+                }
+            };
+        }
+        Ok(total)
+    }
+
     /// Inserts or replaces `fence` on every shard, as fence change number `change`.
     pub async fn upsert_fence(&self, fence: Arc<Fence>, change: u64) -> Result<(), Closed> {
         for s in self.senders.iter() {
@@ -428,23 +585,6 @@ impl Shards {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cursors_round_trip_and_bad_ones_are_refused() {
-        let c: DeviceCursor = "3.17".parse().unwrap();
-        assert_eq!(c.to_string(), "3.17");
-        assert_eq!(
-            "99999999999999999999.1"
-                .parse::<DeviceCursor>()
-                .unwrap()
-                .shard,
-            usize::MAX,
-            "past the end is a valid, empty page"
-        );
-        for bad in ["", "3", "3.", ".1", "a.b", "-1.2", "1.2.3", " 1.2"] {
-            assert!(bad.parse::<DeviceCursor>().is_err(), "{bad:?}");
-        }
-    }
 
     #[test]
     fn a_device_always_maps_to_the_same_shard() {

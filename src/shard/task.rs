@@ -23,7 +23,7 @@ use crate::checkpoint::CkMsg;
 use crate::clock::Watermark;
 use crate::config::ClockMode;
 use crate::events::publisher::{InputRecord, Publisher, Step, StepReply};
-use crate::store::input::{encode_fence_applied, encode_fixes};
+use crate::store::input::{Removal, encode_fence_applied, encode_fixes, encode_removal};
 use crate::telemetry as t;
 use geodwell_core::engine::Engine;
 use geodwell_core::event::Event;
@@ -44,6 +44,8 @@ pub struct ShardCtx {
     pub shutdown: CancellationToken,
     /// Batches queued per shard.
     pub queue: usize,
+    /// `devices.idle_ttl`: forget idle devices (`None`: never).
+    pub idle: Option<geodwell_core::engine::IdleRule>,
 }
 
 /// One task's own view of the context.
@@ -110,11 +112,14 @@ struct Waiting {
     max_ts: Option<Ts>,
 }
 
-/// What handling one message left to publish: a waiting reply, the step's input record.
+/// What handling one message left to publish: a waiting reply, the step's input record, an
+/// acknowledgement waiting for the step to be durable and the fix time it persists.
 #[derive(Default)]
 struct Handled {
     waiting: Option<Waiting>,
     input: Option<InputRecord>,
+    ack: Option<oneshot::Sender<Result<(), crate::events::publisher::PublishError>>>,
+    max_ts: Option<Ts>,
 }
 
 /// Where a shard froze its state for a checkpoint.
@@ -124,6 +129,11 @@ struct Frozen {
     seq: u64,
     watermark: Option<Ts>,
 }
+
+/// Device slots one idle sweep looks at (tens of microseconds).
+const IDLE_SCAN: usize = 8192;
+/// How often a shard sweeps for idle devices (with `devices.idle_ttl`).
+const IDLE_EVERY: Duration = Duration::from_millis(100);
 
 /// Devices handed to the checkpoint writer per message.
 const CHECKPOINT_CHUNK: usize = 2048;
@@ -138,6 +148,7 @@ async fn run(
     let label = ctx.id.to_string();
     let mut out: Vec<Event> = pending;
     let mut carried_ticks = 0u32;
+    let mut idle_swept = Instant::now();
     // Warm start: deadlines that passed while the process was down are due now.
     let w0 = match ctx.clock {
         ClockMode::Live => Some(live_w(&ctx)),
@@ -255,6 +266,15 @@ async fn run(
         if !publish(&ctx, &mut engine, &mut out, handled).await {
             break;
         }
+        if let Some(rule) = ctx.shared.idle
+            && idle_swept.elapsed() >= IDLE_EVERY
+        {
+            idle_swept = Instant::now();
+            let h = expire_idle(&mut engine, rule, &mut ctx);
+            if h.input.is_some() && !publish(&ctx, &mut engine, &mut out, h).await {
+                break;
+            }
+        }
         report(&engine, &label);
     }
     // Drain: answer what is already queued so no accepted batch is left without a reply.
@@ -322,6 +342,7 @@ fn handle(engine: &mut Engine, msg: ShardMsg, out: &mut Vec<Event>, ctx: &mut Ct
                     max_ts,
                 }),
                 input,
+                ..Handled::default()
             }
         }
         ShardMsg::UpsertFence(f, change) => {
@@ -338,6 +359,46 @@ fn handle(engine: &mut Engine, msg: ShardMsg, out: &mut Vec<Event>, ctx: &mut Ct
         }
         ShardMsg::DevicePage { from, limit, reply } => {
             let _ = reply.send(engine.device_page(from, limit));
+            Handled::default()
+        }
+        ShardMsg::Occupants {
+            fence,
+            from,
+            limit,
+            reply,
+        } => {
+            let _ = reply.send(engine.fence_occupants(&fence, from, limit, super::OCCUPANCY_SCAN));
+            Handled::default()
+        }
+        ShardMsg::Advance { to, max_seen, ack } => {
+            // Nothing to log: the next input record carries the engine's watermark from before
+            // it, and a restart resumes from the persisted `max_seen`.
+            engine.advance(to, out);
+            Handled {
+                ack: Some(ack),
+                max_ts: Some(max_seen),
+                ..Handled::default()
+            }
+        }
+        ShardMsg::RemoveDevice { id, reply, ack } => {
+            let w_before = engine.watermark();
+            let existed = engine.remove_device(&id);
+            let _ = reply.send(existed);
+            if !existed {
+                return Handled::default();
+            }
+            metrics::counter!(t::DEVICES_REMOVED, "reason" => "delete").increment(1);
+            let rec = Removal {
+                w_before,
+                idle: None,
+                ids: vec![id],
+            };
+            let mut h = removal_record(ctx, &rec);
+            h.ack = Some(ack);
+            h
+        }
+        ShardMsg::Inside { fence, reply } => {
+            let _ = reply.send(engine.fence_inside(&fence));
             Handled::default()
         }
         ShardMsg::Checkpoint { round, full } => {
@@ -357,6 +418,46 @@ fn handle(engine: &mut Engine, msg: ShardMsg, out: &mut Vec<Event>, ctx: &mut Ct
     }
 }
 
+/// One idle sweep: forgets the idle devices it finds and returns the step's removal record.
+fn expire_idle(
+    engine: &mut Engine,
+    rule: geodwell_core::engine::IdleRule,
+    ctx: &mut Ctx,
+) -> Handled {
+    let Some(w) = engine.watermark() else {
+        return Handled::default();
+    };
+    let ids = engine.expire_idle(rule, w, IDLE_SCAN);
+    if ids.is_empty() {
+        return Handled::default();
+    }
+    for id in &ids {
+        engine.remove_device(id);
+    }
+    metrics::counter!(t::DEVICES_REMOVED, "reason" => "idle").increment(ids.len() as u64);
+    // Removed outright on replay too: they were idle here, and the replay is at the same state.
+    let rec = Removal {
+        w_before: Some(w),
+        idle: None,
+        ids: ids.iter().map(|s| s.to_string()).collect(),
+    };
+    removal_record(ctx, &rec)
+}
+
+/// The input record of a removal at this point of the shard's input.
+fn removal_record(ctx: &mut Ctx, r: &Removal) -> Handled {
+    if !ctx.shared.persist {
+        return Handled::default();
+    }
+    let mut rec = Vec::with_capacity(16 + r.ids.iter().map(|i| i.len() + 2).sum::<usize>());
+    encode_removal(r, &mut rec);
+    ctx.seq += 1;
+    Handled {
+        input: Some((ctx.id as u16, ctx.seq, rec)),
+        ..Handled::default()
+    }
+}
+
 /// The record of fence change `change` applied at this point of the shard's input.
 fn fence_applied(ctx: &mut Ctx, change: u64) -> Handled {
     if !ctx.shared.persist {
@@ -366,16 +467,21 @@ fn fence_applied(ctx: &mut Ctx, change: u64) -> Handled {
     encode_fence_applied(change, &mut rec);
     ctx.seq += 1;
     Handled {
-        waiting: None,
         input: Some((ctx.id as u16, ctx.seq, rec)),
+        ..Handled::default()
     }
 }
 
 /// Hands the step's events, input record and waiting reply to the publisher, which answers
 /// once they are durable. Returns false when the publisher is gone.
 async fn publish(ctx: &Ctx, engine: &mut Engine, out: &mut Vec<Event>, h: Handled) -> bool {
-    let Handled { waiting, input } = h;
-    if out.is_empty() && input.is_none() && waiting.is_none() {
+    let Handled {
+        waiting,
+        input,
+        ack,
+        max_ts: step_max_ts,
+    } = h;
+    if out.is_empty() && input.is_none() && waiting.is_none() && ack.is_none() {
         return true;
     }
     let (reply, arrived, request, max_ts) = match waiting {
@@ -394,7 +500,8 @@ async fn publish(ctx: &Ctx, engine: &mut Engine, out: &mut Vec<Event>, h: Handle
         reply,
         arrived,
         request,
-        max_ts,
+        max_ts: max_ts.max(step_max_ts),
+        ack,
         ..Step::default()
     };
     ctx.shared.publisher.send(step).await.is_ok()

@@ -274,10 +274,16 @@ impl CheckpointWriter<'_> {
         db_err(&self.store.path, "write checkpoint", e)
     }
 
-    /// Writes device records (replacing those of the same ids).
+    /// Writes device records (replacing those of the same ids); a blank state (a removed
+    /// device, [`DeviceState::is_blank`]) deletes the record.
     pub fn devices(&mut self, devices: &[DeviceState]) -> Result<(), StoreError> {
         let mut t = self.txn.open_table(DEVICES).map_err(|e| self.err(e))?;
         for d in devices {
+            if d.is_blank() {
+                t.remove(d.id.as_str())
+                    .map_err(|e| db_err(&self.store.path, "write checkpoint", e))?;
+                continue;
+            }
             self.buf.clear();
             codec::encode_device(d, &mut self.buf);
             t.insert(d.id.as_str(), self.buf.as_slice())

@@ -1,7 +1,7 @@
 //! The input log's records and their binary encoding (pure).
 //!
 //! Each shard numbers the steps that change its engine (`seq`, from 1, gap-free): a batch of
-//! fixes, or the application of a fence change. Its engine is a pure function of the checkpoint
+//! fixes, the application of a fence change, or the removal of devices. Its engine is a pure function of the checkpoint
 //! it started from and its records in `seq` order, so replaying them through the same engine
 //! gives the same state and the same events, ids included. A fence change itself (the fence's
 //! text, or its deletion) is one [`FenceChange`] for all shards, numbered in the order the
@@ -10,12 +10,19 @@
 //! Record layout (`uv` an unsigned LEB128 varint, `zz` a zigzag varint, `f64` little endian):
 //!
 //! ```text
-//! u8  kind: 1 = fixes, 2 = fence change applied
-//! fixes:  u8 has_w_before, [zz w_before], uv count, then per fix:
-//!           uv len + UTF-8 device, zz ts, zz (stamp - ts), f64 lat, f64 lon,
-//!           u8 has_accuracy, [f64 accuracy]
-//! fence:  uv change number
+//! u8  kind: 1 = fixes, 2 = fence change applied, 5 = devices removed
+//! fixes:   u8 has_w_before, [zz w_before], uv count, then per fix:
+//!            uv len + UTF-8 device, zz ts, zz (stamp - ts), f64 lat, f64 lon,
+//!            u8 has_accuracy, [f64 accuracy]
+//! fence:   uv change number
+//! removed: u8 has_w_before, [zz w_before], zz idle_ttl_ms (0: unconditional), uv count,
+//!            then per device: uv len + UTF-8 id
 //! ```
+//!
+//! A removal with an idle TTL removes each device only if it is still idle under that TTL at
+//! that point (a cluster's owner decides expiry before the record comes back through its input);
+//! without one it removes them outright (`DELETE /v1/devices/{id}`, or expiry decided and
+//! applied in the same step).
 //!
 //! A fence change: `u8 1` and the Feature text (put), or `u8 0` and the id (delete).
 //! Decoding refuses unknown kinds, truncated input, invalid UTF-8, invalid fixes and trailing
@@ -41,6 +48,19 @@ pub enum ShardInput {
     },
     /// Fence change number `n` applied at this point.
     Fence(u64),
+    /// Devices removed at this point (kind 5).
+    Removed(Removal),
+}
+
+/// Devices removed at one point of a shard's (or partition's) input.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Removal {
+    /// The engine's watermark just before (advanced to first on replay).
+    pub w_before: Option<Ts>,
+    /// `Some(ttl)`: remove each only if still idle under this TTL; `None`: outright.
+    pub idle: Option<geodwell_core::time::Dur>,
+    /// The device ids.
+    pub ids: Vec<String>,
 }
 
 /// A fence change, shared by every shard's log.
@@ -54,6 +74,24 @@ pub enum FenceChange {
 
 const KIND_FIXES: u8 = 1;
 const KIND_FENCE: u8 = 2;
+const KIND_REMOVED: u8 = 5;
+
+/// Encodes a removal record.
+pub fn encode_removal(r: &Removal, out: &mut Vec<u8>) {
+    out.push(KIND_REMOVED);
+    match r.w_before {
+        Some(w) => {
+            out.push(1);
+            put_zz(out, w.0);
+        }
+        None => out.push(0),
+    }
+    put_zz(out, r.idle.map_or(0, |d| d.0.max(1)));
+    put_uv(out, r.ids.len() as u64);
+    for id in &r.ids {
+        put_str(out, id);
+    }
+}
 
 /// Encodes a batch record from its parts, without building a [`ShardInput`] first (the shard
 /// encodes what it applies, on its own thread).
@@ -116,6 +154,27 @@ pub fn decode_shard_input(bytes: &[u8], max_device_len: usize) -> Result<ShardIn
             ShardInput::Fixes { w_before, fixes }
         }
         KIND_FENCE => ShardInput::Fence(r.uv()?),
+        KIND_REMOVED => {
+            let w_before = if r.bool()? { Some(Ts(r.zz()?)) } else { None };
+            let ttl = r.zz()?;
+            if ttl < 0 {
+                return Err(r.err("negative idle TTL"));
+            }
+            let n = r.len()?;
+            let mut ids = Vec::with_capacity(n.min(1 << 16));
+            for _ in 0..n {
+                let id = r.str()?;
+                if id.is_empty() || id.len() > max_device_len {
+                    return Err(r.err("invalid device id"));
+                }
+                ids.push(id.to_string());
+            }
+            ShardInput::Removed(Removal {
+                w_before,
+                idle: (ttl > 0).then_some(geodwell_core::time::Dur(ttl)),
+                ids,
+            })
+        }
         k => return Err(DecodeError(format!("unknown input record kind {k}"))),
     };
     if r.at != bytes.len() {
@@ -202,6 +261,42 @@ mod tests {
             ShardInput::Fence(u64::MAX)
         );
         assert!(decode_shard_input(&[9], 128).is_err());
+        for r in [
+            Removal {
+                w_before: None,
+                idle: None,
+                ids: vec!["truck-17".into()],
+            },
+            Removal {
+                w_before: Some(Ts(1_767_225_600_000)),
+                idle: Some(geodwell_core::time::Dur::from_secs(3600)),
+                ids: vec!["a".into(), "ü".into(), "x".repeat(128)],
+            },
+        ] {
+            let mut out = Vec::new();
+            encode_removal(&r, &mut out);
+            assert_eq!(
+                decode_shard_input(&out, 128).unwrap(),
+                ShardInput::Removed(r.clone())
+            );
+            for cut in 0..out.len() {
+                assert!(
+                    decode_shard_input(&out[..cut], 128).is_err(),
+                    "cut at {cut}"
+                );
+            }
+            assert!(decode_shard_input(&[&out[..], &[0]].concat(), 128).is_err());
+        }
+        let mut long = Vec::new();
+        encode_removal(
+            &Removal {
+                w_before: None,
+                idle: None,
+                ids: vec!["x".repeat(129)],
+            },
+            &mut long,
+        );
+        assert!(decode_shard_input(&long, 128).is_err(), "ids are checked");
         for c in [
             FenceChange::Put(Arc::from("{\"type\":\"Feature\"}")),
             FenceChange::Delete("depot-3".into()),

@@ -118,6 +118,26 @@ async fn keys_and_scopes_guard_every_route() {
     assert_eq!(s, 200, "{body}");
     let (s, _, _) = call(&srv, M::DELETE, "/v1/fences/depot", Some(READ), None).await;
     assert_eq!(s, 403);
+    // Occupancy is read; removing a device and moving the watermark are admin.
+    let (s, body, _) = call(&srv, M::GET, "/v1/fences/depot/devices", Some(READ), None).await;
+    assert_eq!(
+        (s, body["devices"][0]["device"].as_str()),
+        (200, Some("d1")),
+        "{body}"
+    );
+    let (s, _, _) = call(&srv, M::GET, "/v1/fences/depot/devices", Some(INGEST), None).await;
+    assert_eq!(s, 403);
+    let wm = Some(json!({"watermark": "2026-01-01T00:00:01Z"}));
+    for key in [INGEST, READ] {
+        let (s, _, _) = call(&srv, M::POST, "/v1/watermark", Some(key), wm.clone()).await;
+        assert_eq!(s, 403);
+        let (s, _, _) = call(&srv, M::DELETE, "/v1/devices/d1", Some(key), None).await;
+        assert_eq!(s, 403);
+    }
+    let (s, body, _) = call(&srv, M::POST, "/v1/watermark", Some(ADMIN), wm).await;
+    assert_eq!(s, 200, "{body}");
+    let (s, _, _) = call(&srv, M::DELETE, "/v1/devices/d1", Some(ADMIN), None).await;
+    assert_eq!(s, 204);
 
     // Open routes need no key; unknown routes still answer 404, not 401.
     for path in ["/healthz", "/readyz", "/metrics"] {

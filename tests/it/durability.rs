@@ -464,3 +464,130 @@ fn anyhow_chain(e: &dyn std::error::Error) -> String {
     }
     s
 }
+
+/// `DELETE /v1/devices/{id}`, `POST /v1/watermark` and idle expiry are input like fixes: after
+/// a `kill -9` the deleted device is still gone (its visit not back, its DWELL never fired), the
+/// expired one too, and the watermark (with the DWELL it fired) is where the answer said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletions_watermark_advances_and_expiry_survive_kill_9() {
+    let dir = temp_dir();
+    let env = [
+        ("GEODWELL_IDLE_TTL", "30m"),
+        ("GEODWELL_CHECKPOINT_INTERVAL", "1h"),
+    ];
+    let (mut child, base) = spawn_bin(dir.path(), "0s", &env);
+    let http = reqwest::Client::new();
+    let url = |p: &str| format!("{base}{p}");
+    let r = http
+        .put(url("/v1/fences/depot"))
+        .json(&square("depot", json!({"dwell": ["10m"]})))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let fixes = json!([
+        fix("kept", 0, true),
+        fix("gone", 1, true),
+        fix("idler", 2, false),
+    ]);
+    let r = http
+        .post(url("/v1/fixes"))
+        .json(&fixes)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = http.delete(url("/v1/devices/gone")).send().await.unwrap();
+    assert_eq!(r.status(), 204);
+    let r = http.delete(url("/v1/devices/gone")).send().await.unwrap();
+    assert_eq!(r.status(), 404, "deleted once");
+    // The end of the backfill: both deadlines (T0+10m, T0+10m+1s) are passed, one visit is left.
+    let r = http
+        .post(url("/v1/watermark"))
+        .json(&json!({"watermark": "2026-01-01T01:00:00Z"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let before = all_events(&http, &base).await;
+    let kinds: Vec<(String, String)> = before
+        .iter()
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap().into(),
+                e["device"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [("enter", "kept"), ("enter", "gone"), ("dwell", "kept")]
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .to_vec(),
+        "the deleted device's DWELL never fires"
+    );
+    // The idle device (outside, no fix for 30 min of event time) is forgotten by a sweep.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while http
+        .get(url("/v1/devices/idler"))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        != 404
+    {
+        assert!(std::time::Instant::now() < deadline, "idler never expired");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Give the sweep's record its commit (group commit is immediate with sync; the 404 is seen
+    // after the removal is applied, and the record is committed in the same step).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    child.0.kill().unwrap();
+    let _ = child.0.wait();
+    drop(child);
+
+    let (child, base) = spawn_bin(dir.path(), "0s", &env);
+    let url = |p: &str| format!("{base}{p}");
+    for (dev, want) in [("kept", 200), ("gone", 404), ("idler", 404)] {
+        let s = http
+            .get(url(&format!("/v1/devices/{dev}")))
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(s.as_u16(), want, "{dev} after kill -9");
+    }
+    let after = all_events(&http, &base).await;
+    assert_eq!(ids(&after), ids(&before), "no event lost, none again");
+    let ready: Value = http
+        .get(url("/readyz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(ready["watermark"], "2026-01-01T01:00:00.000Z", "{ready}");
+    let r = http
+        .post(url("/v1/watermark"))
+        .json(&json!({"watermark": "2026-01-01T00:59:00Z"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 409, "the restored watermark does not move back");
+    // A later fix of the deleted device starts afresh: a new ENTER.
+    let r = http
+        .post(url("/v1/fixes"))
+        .json(&json!([fix("gone", 3700, true)]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let evs = all_events(&http, &base).await;
+    let last = evs.last().unwrap();
+    assert_eq!(
+        (last["type"].as_str(), last["device"].as_str()),
+        (Some("enter"), Some("gone"))
+    );
+    drop(child);
+}

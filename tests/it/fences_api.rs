@@ -77,15 +77,20 @@ async fn put_creates_then_replaces_and_get_returns_the_normalized_feature() {
         created["geometry"]["coordinates"],
         square("x", json!({}))["geometry"]["coordinates"]
     );
-    // GET answers the same Feature.
-    let (s, got) = srv.get("/v1/fences/depot").await;
+    // GET answers the same Feature, with how many devices are inside it now.
+    let (s, mut got) = srv.get("/v1/fences/depot").await;
     assert_eq!(s, 200);
+    assert_eq!(
+        got.as_object_mut().unwrap().remove("inside"),
+        Some(json!(0))
+    );
     assert_eq!(got, created);
     // Replace: 200 and the new settings.
     let props = json!({"dwell": "30m", "exit_buffer_m": 25, "enter_confirm": 2, "stale_after": "off", "max_accuracy_m": 50});
     let (s, replaced) = put(&srv, "depot", square("depot", props)).await;
     assert_eq!(s, 200, "{replaced}");
-    let (_, got) = srv.get("/v1/fences/depot").await;
+    let (_, mut got) = srv.get("/v1/fences/depot").await;
+    got.as_object_mut().unwrap().remove("inside");
     assert_eq!(got, replaced);
     let p = &got["properties"];
     assert_eq!(p["dwell"], json!(["30m"]));

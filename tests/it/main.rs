@@ -23,6 +23,7 @@ mod events_api;
 mod fences_api;
 mod first_impression;
 mod hardening;
+mod lifecycle;
 mod openapi;
 mod replay;
 mod simulate;

@@ -363,3 +363,189 @@ async fn a_multi_day_fleet_trace_gives_the_defined_events_whatever_the_arrival()
     let b = replay(batches, "90s", expected.len()).await;
     assert_eq!(b, expected, "shuffled, many batches vs reference");
 }
+
+/// Visitors: devices outside every fence on day 0 (then silent, so they go idle and are
+/// forgotten), the first three coming back on day 2 for a visit of the northern depot.
+fn visitors() -> Vec<Value> {
+    let mut out = Vec::new();
+    for k in 0..6 {
+        let dev = format!("visitor-{k}");
+        for i in 0..60 {
+            let t = T0 + 8 * 3_600_000 + k * 61_000 + i * 60_000;
+            out.push(json!({"device": dev, "ts": t, "lat": 54.0 + k as f64 * 0.01, "lon": 11.0}));
+        }
+        if k < 3 {
+            for i in 0..40 {
+                let t = T0 + 2 * 86_400_000 + 10 * 3_600_000 + k * 7_000 + i * 60_000;
+                let (lat, lon) = if i < 30 {
+                    (53.600, 10.000)
+                } else {
+                    (53.7, 10.0)
+                };
+                out.push(json!({"device": dev, "ts": t, "lat": lat, "lon": lon}));
+            }
+        }
+    }
+    out
+}
+
+/// Issue 16 acceptance: devices deleted mid-trace (`DELETE /v1/devices/{id}`, their later fixes
+/// starting afresh) and others forgotten by `devices.idle_ttl` still give exactly the
+/// reference's events (which models the deletions and not the expiry: expiry must change
+/// nothing), ids included; and `POST /v1/watermark` at the end fires the DWELLs after the last
+/// fix, as the reference does with the watermark moved that far.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletions_and_idle_expiry_mid_trace_still_give_the_reference_events() {
+    let lateness = Dur::from_secs(90);
+    let mut fixes = trace(0x5EED_0016, 12, 4);
+    fixes.extend(visitors());
+    fixes.sort_by_key(|v| v["ts"].as_i64().unwrap());
+    let srv =
+        start("[time]\nclock = \"event\"\nlateness = \"90s\"\n[devices]\nidle_ttl = \"2h\"\n")
+            .await;
+    for (_, _, _, f) in fences() {
+        let id = f["id"].as_str().unwrap().to_string();
+        assert_eq!(srv.put_fence(&id, f).await.status(), 201);
+    }
+    let admin = |method: reqwest::Method, path: &str| srv.http.request(method, srv.url(path));
+    let mut inputs: Vec<geodwell_core::reference::Input> = Vec::new();
+    let mut max_ts = i64::MIN;
+    let mut deleted = 0;
+    let mut saw_forgotten = false;
+    for (n, chunk) in fixes.chunks(400).enumerate() {
+        let (s, rep) = srv.post_fixes(Value::Array(chunk.to_vec())).await;
+        assert_eq!(s, 200, "{rep}");
+        assert_eq!(
+            (rep["late"].as_u64(), rep["rejected"].as_u64()),
+            (Some(0), Some(0)),
+            "{rep}"
+        );
+        for v in chunk {
+            max_ts = max_ts.max(v["ts"].as_i64().unwrap());
+            inputs.push(geodwell_core::reference::Input::Fix(to_fix(v)));
+        }
+        if n % 2 == 1 {
+            // Bring every shard exactly to the watermark the batches made (a no-op for the
+            // watermark itself), so that the reference knows where the removal ends each life.
+            let w = max_ts - lateness.millis();
+            let r = admin(reqwest::Method::POST, "/v1/watermark")
+                .json(&json!({ "watermark": w }))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+            let dev = format!("truck-{:02}", (n / 2) % 12);
+            let r = admin(reqwest::Method::DELETE, &format!("/v1/devices/{dev}"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 204, "{dev}");
+            deleted += 1;
+            inputs.push(geodwell_core::reference::Input::Remove {
+                device: Arc::from(dev.as_str()),
+                w: Ts(w),
+            });
+            let (s, _) = srv.get(&format!("/v1/devices/{dev}")).await;
+            assert_eq!(s, 404, "{dev} is gone until its next fix");
+        }
+        // Day 1: the visitors went quiet on day 0 and are forgotten (the sweep runs every
+        // 100 ms of wall time), before three of them come back on day 2.
+        if !saw_forgotten
+            && max_ts > T0 + 86_400_000 + 6 * 3_600_000
+            && max_ts < T0 + 2 * 86_400_000
+        {
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            loop {
+                let (s, _) = srv.get("/v1/devices/visitor-5").await;
+                if s == 404 {
+                    saw_forgotten = true;
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "visitor-5 was never forgotten"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    assert!(
+        deleted >= 10 && saw_forgotten,
+        "{deleted} deleted, forgotten: {saw_forgotten}"
+    );
+    let m = srv.metrics().await;
+    let idle: f64 = m
+        .lines()
+        .find(|l| l.starts_with("geodwell_devices_removed_total{reason=\"idle\"}"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    assert!(idle >= 6.0, "every visitor expired at least once: {idle}");
+
+    // The end of the backfill: one day past the last fix.
+    let w_final = Ts(max_ts + 86_400_000);
+    let r = admin(reqwest::Method::POST, "/v1/watermark")
+        .json(&json!({ "watermark": w_final.0 }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = admin(reqwest::Method::POST, "/v1/watermark")
+        .json(&json!({ "watermark": w_final.0 - 1 }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 409, "the watermark never moves back");
+
+    let limits = FenceLimits::default();
+    let fence_objs: Vec<Arc<Fence>> = fences()
+        .iter()
+        .map(|(_, _, _, f)| {
+            let feat: geojson::Feature = serde_json::from_value(f.clone()).unwrap();
+            Arc::new(Fence::from_feature(&feat, None, &limits).unwrap())
+        })
+        .collect();
+    let reference =
+        geodwell_core::reference::expected_events_with_removals(&fence_objs, &inputs, w_final);
+    let expected: BTreeSet<String> = reference
+        .iter()
+        .map(|e| {
+            let v = serde_json::to_value(e).unwrap();
+            format!(
+                "{} {} {} {} {}",
+                v["id"], v["type"], v["device"], v["fence"], v["at"]
+            )
+        })
+        .collect();
+    let visitor_enters = reference
+        .iter()
+        .filter(|e| {
+            e.device.starts_with("visitor-")
+                && e.kind.as_str() == "enter"
+                && &*e.fence == "depot-north"
+        })
+        .count();
+    assert_eq!(
+        visitor_enters, 3,
+        "forgotten visitors come back and enter afresh"
+    );
+    // Events after the last fix exist only because of the final watermark.
+    let after_last = reference.iter().filter(|e| e.at.0 > max_ts).count();
+    assert!(
+        after_last > 0,
+        "the final watermark fires DWELLs past the last fix"
+    );
+    let evs = srv.events(expected.len()).await;
+    let got: BTreeSet<String> = evs
+        .iter()
+        .map(|e| {
+            format!(
+                "{} {} {} {} {}",
+                e["id"], e["type"], e["device"], e["fence"], e["at"]
+            )
+        })
+        .collect();
+    assert_eq!(got.len(), evs.len(), "no event twice");
+    assert_eq!(got, expected, "deletions and expiry vs reference");
+    srv.stop().await;
+}

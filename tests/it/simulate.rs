@@ -120,8 +120,15 @@ async fn check_against_reference(
     .take(20_000)
     .map(|f| f.to_fix("sim-").unwrap())
     .collect();
-    let lateness_ms = report.server_lateness_ms;
-    let w_final = Ts(trace.iter().map(|f| f.ts.0).max().unwrap() - lateness_ms);
+    // The run ends the input by moving the watermark to the last fix's time.
+    let last = trace.iter().map(|f| f.ts.0).max().unwrap();
+    assert_eq!(
+        report.finished_watermark,
+        Some(Ts(last)),
+        "{}",
+        report.render()
+    );
+    let w_final = Ts(last);
     let expected: BTreeSet<String> = expected_events(&fences, &trace, w_final)
         .iter()
         .map(|e| key(e.kind.as_str(), &e.device, &e.fence, e.at))
@@ -534,6 +541,109 @@ async fn the_cli_exits_non_zero_after_its_report_when_fixes_are_refused() {
         )),
         "{}",
         run.stderr
+    );
+    srv.stop().await;
+}
+
+/// `--around-server-fences` drives between the fences the server holds (uploading nothing);
+/// `--cleanup` deletes what the run made: its devices, and the fences it uploaded, if any.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_can_use_the_servers_fences_and_clean_up_after_itself() {
+    let srv = start("[time]\nclock = \"event\"\nlateness = \"0s\"\n").await;
+    let own = fences(12);
+    for f in &own {
+        let feature = serde_json::to_value(f.to_feature()).unwrap();
+        assert_eq!(srv.put_fence(&f.id, feature).await.status(), 201);
+    }
+    let fence_ids = |v: &Value| -> BTreeSet<String> {
+        v["features"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (_, before) = srv.get("/v1/fences").await;
+    let spec = FleetSpec {
+        seed: 9,
+        devices: 40,
+        ..FleetSpec::default()
+    };
+    let opts = SimOptions {
+        server: srv.base.clone(),
+        batch: 200,
+        pace: Pace::Max,
+        duration: Some(Duration::from_secs(120)),
+        max_fixes: Some(4_000),
+        progress: false,
+        drain: Duration::from_secs(2),
+        server_fences: true,
+        cleanup: true,
+        ..SimOptions::default()
+    };
+    // The fences passed in are ignored: the server's are used.
+    let report = run(&opts, spec.clone(), fences(50), CancellationToken::new())
+        .await
+        .expect("simulation runs");
+    assert_eq!(
+        report.fences,
+        fence_ids(&before).len(),
+        "{}",
+        report.render()
+    );
+    assert!(report.fences >= 12);
+    assert_eq!(report.accepted, 4_000, "{}", report.render());
+    assert!(report.events["enter"] > 0, "{}", report.render());
+    let cleanup = report.cleanup.clone().unwrap();
+    assert_eq!(
+        (cleanup.fences, cleanup.devices),
+        (0, 40),
+        "{}",
+        report.render()
+    );
+    assert!(cleanup.failed.is_empty(), "{cleanup:?}");
+    let events = all_events(&srv).await;
+    let ours = fence_ids(&before);
+    assert!(
+        events
+            .iter()
+            .all(|e| ours.contains(e["fence"].as_str().unwrap())),
+        "every event is at one of the server's fences"
+    );
+    let (_, devices) = srv.get("/v1/devices").await;
+    assert_eq!(devices["devices"], serde_json::json!([]), "{devices}");
+    let (_, after) = srv.get("/v1/fences").await;
+    assert_eq!(fence_ids(&after), ours, "the server's fences stay");
+
+    // Generated fences, uploaded by the run and deleted by it afterwards.
+    let opts = SimOptions {
+        server_fences: false,
+        ..opts
+    };
+    // Generated with the same seed: some ids are the server's already (replaced, not deleted).
+    let generated = fences(30);
+    let n = generated.iter().filter(|f| !ours.contains(&*f.id)).count() as u64;
+    assert!(n > 0 && n < generated.len() as u64);
+    let report = run(
+        &opts,
+        FleetSpec { seed: 10, ..spec },
+        generated,
+        CancellationToken::new(),
+    )
+    .await
+    .expect("simulation runs");
+    let cleanup = report.cleanup.clone().unwrap();
+    assert_eq!(
+        (cleanup.fences, cleanup.devices),
+        (n, 40),
+        "{}",
+        report.render()
+    );
+    let (_, after) = srv.get("/v1/fences").await;
+    assert_eq!(
+        fence_ids(&after),
+        ours,
+        "the fences the run created are gone, those it replaced stay"
     );
     srv.stop().await;
 }

@@ -243,6 +243,12 @@ impl Pair {
         self.votes_inside = (self.votes_inside & INSIDE) | votes.min(INSIDE - 1);
     }
 
+    /// Marks a freed record as holding no visit, so that walks over every pair slot (occupancy)
+    /// never count it. Owned by the engine, which calls it when it frees the slot.
+    pub(crate) fn clear_visit(&mut self) {
+        self.votes_inside = 0;
+    }
+
     fn set_inside(&mut self, inside: bool) {
         self.votes_inside = self.votes() | if inside { INSIDE } else { 0 };
     }

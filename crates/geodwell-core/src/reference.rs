@@ -21,16 +21,67 @@ use crate::time::{Dur, Ts};
 /// (every fix with `ts <= w_final` applied; fixes arrive within the lateness, so none is late).
 /// Sorted by (device, fence, at, kind).
 pub fn expected_events(fences: &[Arc<Fence>], fixes: &[Fix], w_final: Ts) -> Vec<Event> {
-    let mut by_dev: BTreeMap<Arc<str>, Vec<&Fix>> = BTreeMap::new();
-    for f in fixes.iter().filter(|f| f.ts <= w_final) {
-        by_dev.entry(f.device.clone()).or_default().push(f);
+    let inputs: Vec<Input> = fixes.iter().cloned().map(Input::Fix).collect();
+    expected_events_with_removals(fences, &inputs, w_final)
+}
+
+/// One input of a trace with device removals, in arrival order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// A fix.
+    Fix(Fix),
+    /// `DELETE` of `device` while the watermark was `w`: the device's life so far ends there
+    /// (its fixes up to `w` count, its visits end without EXIT, nothing of it fires later), and
+    /// its later fixes start a new life from nothing.
+    Remove {
+        /// The device.
+        device: Arc<str>,
+        /// The watermark at the removal.
+        w: Ts,
+    },
+}
+
+/// [`expected_events`] for a trace in which devices are removed (docs/semantics.md, device
+/// lifecycle): each life of a device (its fixes between removals, in arrival order) is judged
+/// on its own, up to the watermark at the removal that ended it, or `w_final` for the last.
+/// Idle expiry is not modeled: it must change no event, so a run with expiries is held to
+/// exactly these events.
+pub fn expected_events_with_removals(
+    fences: &[Arc<Fence>],
+    inputs: &[Input],
+    w_final: Ts,
+) -> Vec<Event> {
+    // Per device, its lives: (fixes, watermark the life is judged up to).
+    let mut lives: BTreeMap<Arc<str>, Vec<(Vec<&Fix>, Ts)>> = BTreeMap::new();
+    for i in inputs {
+        match i {
+            Input::Fix(f) => {
+                let l = lives.entry(f.device.clone()).or_default();
+                if l.is_empty() {
+                    l.push((Vec::new(), w_final));
+                }
+                if let Some(last) = l.last_mut() {
+                    last.0.push(f);
+                }
+            }
+            Input::Remove { device, w } => {
+                let l = lives.entry(device.clone()).or_default();
+                if let Some(last) = l.last_mut() {
+                    last.1 = *w;
+                }
+                l.push((Vec::new(), w_final));
+            }
+        }
     }
     let mut events = Vec::new();
-    for (dev, mut fx) in by_dev {
-        fx.sort_by(|a, b| a.order(b));
-        fx.dedup_by(|b, a| a.ts == b.ts); // keeps the first in (ts, lat, lon) order
-        for fence in fences {
-            naive_pair(&dev, fence, &fx, w_final, &mut events);
+    for (dev, l) in lives {
+        for (fx, w_end) in l {
+            let mut fx: Vec<&Fix> = fx.into_iter().filter(|f| f.ts <= w_end).collect();
+            fx.sort_by(|a, b| a.order(b));
+            fx.dedup_by(|b, a| a.ts == b.ts); // keeps the first in (ts, lat, lon) order
+            for fence in fences {
+                naive_pair(&dev, fence, &fx, w_end, &mut events);
+            }
         }
     }
     events.sort_by(|a, b| {

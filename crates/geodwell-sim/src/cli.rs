@@ -90,6 +90,18 @@ pub struct SimArgs {
     /// Do not post the fences first (they are already loaded).
     #[arg(long)]
     no_upload: bool,
+    /// Drive between the fences the server already holds (read with GET /v1/fences; read
+    /// scope) instead of generated ones; nothing is uploaded.
+    #[arg(long, conflicts_with_all = ["fences_file", "write_trace"])]
+    around_server_fences: bool,
+    /// Afterwards, delete the fences the run created (not those it replaced: their ids were on
+    /// the server before) and the run's devices (admin scope).
+    #[arg(long)]
+    cleanup: bool,
+    /// On an event-clock server, do not move the watermark to the last fix's time at the end
+    /// (by default the run does, with POST /v1/watermark, so that the dwells up to it fire).
+    #[arg(long)]
+    no_finish: bool,
     /// Do not subscribe to events (no latency figures).
     #[arg(long)]
     no_measure: bool,
@@ -216,6 +228,9 @@ pub async fn simulate(
         ws_window: a.ws_window,
         // An empty GEODWELL_API_KEY (e.g. `${KEY:-}` in compose files) means none.
         api_key: a.api_key.filter(|k| !k.is_empty()).map(ApiKey::new),
+        server_fences: a.around_server_fences,
+        finish_watermark: !a.no_finish,
+        cleanup: a.cleanup,
     };
     let cancel = CancellationToken::new();
     let trigger = cancel.clone();

@@ -126,6 +126,15 @@ pub struct SimOptions {
     pub ws_window: usize,
     /// Sent with every request, if any.
     pub api_key: Option<ApiKey>,
+    /// Drive between the server's own fences (read from `GET /v1/fences`) instead of the given
+    /// ones; nothing is uploaded.
+    pub server_fences: bool,
+    /// Event clock: move the server's watermark to the last fix's time at the end (`POST
+    /// /v1/watermark`, admin scope), so the deadlines up to it are judged.
+    pub finish_watermark: bool,
+    /// Delete the fences the run created (not those it replaced) and its devices afterwards
+    /// (admin scope).
+    pub cleanup: bool,
 }
 
 impl Default for SimOptions {
@@ -145,6 +154,9 @@ impl Default for SimOptions {
             progress: true,
             ws_window: 8,
             api_key: None,
+            server_fences: false,
+            finish_watermark: true,
+            cleanup: false,
         }
     }
 }
@@ -159,7 +171,7 @@ impl Default for SimOptions {
 pub async fn run(
     opts: &SimOptions,
     mut spec: FleetSpec,
-    fences: Vec<Arc<Fence>>,
+    mut fences: Vec<Arc<Fence>>,
     cancel: CancellationToken,
 ) -> Result<SimReport, SimError> {
     if opts.connections == 0 || opts.batch == 0 || opts.ws_window == 0 {
@@ -190,7 +202,31 @@ pub async fn run(
         spec.start = Ts(spec.start.0.max(after_w));
     }
 
-    if opts.upload_fences {
+    if opts.server_fences {
+        fences = http::server_fences(&client, &base, auth.is_some()).await?;
+        if fences.is_empty() {
+            return Err(SimError::Options(
+                "--around-server-fences: the server holds no fences".into(),
+            ));
+        }
+    }
+    let uploaded = opts.upload_fences && !opts.server_fences;
+    // What the cleanup may delete: the fences this run creates, not those it replaces.
+    let mut created: Vec<String> = Vec::new();
+    if uploaded {
+        if opts.cleanup {
+            let held: std::collections::HashSet<String> =
+                http::server_fences(&client, &base, auth.is_some())
+                    .await?
+                    .iter()
+                    .map(|f| f.id.to_string())
+                    .collect();
+            created = fences
+                .iter()
+                .map(|f| f.id.to_string())
+                .filter(|id| !held.contains(id))
+                .collect();
+        }
         http::upload(&client, &base, &fences, auth.is_some()).await?;
     }
     let facts = fences
@@ -297,6 +333,16 @@ pub async fn run(
     drop(rx);
     let _ = tokio::task::spawn_blocking(move || generator.join()).await;
 
+    // The end of the input: on an event clock the watermark stops at the last fix's time minus
+    // the lateness; move it to the last fix's time so that every deadline up to it is judged.
+    let mut finished_watermark = None;
+    if !live
+        && opts.finish_watermark
+        && !counters.has_failed()
+        && let Some(ts) = tracker.max_sent_ts()
+    {
+        finished_watermark = http::finish_watermark(&client, &base, Ts(ts)).await;
+    }
     // Trailing events: wait until none has arrived for half a second, or the drain limit (not
     // after a refusal: there is nothing to wait for).
     if let Some(sub) = sub {
@@ -323,7 +369,7 @@ pub async fn run(
     if let Some(e) = counters.take_failure() {
         return Err(e);
     }
-    Ok(report::report(
+    let mut report = report::report(
         opts,
         &ready.clock,
         lateness_ms,
@@ -332,5 +378,11 @@ pub async fn run(
         start,
         &counters,
         &tracker,
-    ))
+    );
+    report.finished_watermark = finished_watermark;
+    if opts.cleanup {
+        let device_ids: Vec<String> = (0..devices).map(|i| format!("{prefix}{i}")).collect();
+        report.cleanup = Some(http::cleanup(&client, &base, &created, &device_ids).await);
+    }
+    Ok(report)
 }

@@ -205,6 +205,12 @@ impl Tracker {
         us
     }
 
+    /// The largest `ts` of any batch sent so far.
+    pub fn max_sent_ts(&self) -> Option<i64> {
+        let marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+        marks.back().map(|m| m.0)
+    }
+
     fn send_us(&self, batch_low: u64) -> Option<u64> {
         // `batch_low` holds the batch id's low ID_BITS; the slot's tag gives the rest.
         let slot = (batch_low as usize) & (SEND_SLOTS - 1);

@@ -637,3 +637,170 @@ async fn settle_cluster(c: &Cluster) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// Issue 16 on a cluster: a fence's occupants and count asked of any node (from every
+/// partition's owner), a device deleted through one node and gone on all, the watermark moved
+/// through another (durably, through the cluster's watermark and the owners' ticks), and idle
+/// devices forgotten by their owners.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn occupancy_deletion_the_watermark_and_expiry_work_across_nodes() {
+    let _env = scenario_env().await;
+    // SAFETY: under the scenario lock, before the nodes start; removed again at the end.
+    unsafe { std::env::set_var("GEODWELL_IDLE_TTL", "30m") };
+    let c = Cluster::start().await;
+    let at = |k: usize, p: &str| format!("{}{p}", c.nodes[k].url);
+    let t0 = 1_767_225_600_000_i64;
+    let mut batch: Vec<Value> = Vec::new();
+    for s in [0, 60] {
+        for i in 0..40 {
+            batch.push(
+                json!({"device": format!("yard-{i:02}"), "ts": t0 + s * 1000,
+                "lat": 53.6, "lon": 10.0}),
+            );
+        }
+    }
+    batch.push(json!({"device": "idler", "ts": t0, "lat": 52.0, "lon": 8.0}));
+    // Another device moves the event clock past the yard's fixes (more than the lateness).
+    batch.push(json!({"device": "clock", "ts": t0 + 300_000, "lat": 52.0, "lon": 9.0}));
+    let rep = c.send(0, &batch).await;
+    assert_eq!(rep["accepted"], 82, "{rep}");
+    let inside = |k: usize| {
+        let c = &c;
+        async move {
+            let r: Value = c
+                .http
+                .get(at(k, "/v1/fences/depot-north"))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            r["inside"].as_u64().unwrap_or(u64::MAX)
+        }
+    };
+    let t = Instant::now();
+    while inside(1).await != 40 {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the count never reached 40\n{}",
+            c.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Paged from another node, 7 at a time.
+    let mut names = BTreeSet::new();
+    let mut after: Option<String> = None;
+    loop {
+        let path = format!(
+            "/v1/fences/depot-north/devices?limit=7{}",
+            after
+                .as_ref()
+                .map(|a| format!("&after={a}"))
+                .unwrap_or_default()
+        );
+        let page: Value = c
+            .http
+            .get(at(2, &path))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        for d in page["devices"].as_array().unwrap() {
+            assert!(
+                names.insert(d["device"].as_str().unwrap().to_string()),
+                "{page}"
+            );
+        }
+        match page["next_after"].as_str() {
+            Some(a) => after = Some(a.to_string()),
+            None => break,
+        }
+    }
+    assert_eq!(names.len(), 40);
+
+    // Deleted through node 1: gone everywhere once the owner has read the record.
+    let r = c
+        .http
+        .delete(at(1, "/v1/devices/yard-00"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 204, "{}", r.text().await.unwrap());
+    let r = c
+        .http
+        .get(at(0, "/v1/devices/nobody"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    let r = c
+        .http
+        .delete(at(0, "/v1/devices/nobody"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    let t = Instant::now();
+    while inside(0).await != 39 {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the deletion never applied\n{}",
+            c.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The end of the input, through node 2: the 10m threshold of depot-north fires for the 39
+    // left, none for the deleted one (the 1h one waits: the devices are STALE by then).
+    let r = c
+        .http
+        .post(at(2, "/v1/watermark"))
+        .json(&json!({"watermark": t0 + 2 * 3_600_000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
+    let evs = c.events(0, 40 + 39).await;
+    let dwells: BTreeSet<String> = evs
+        .iter()
+        .filter(|e| e["type"] == "dwell" && e["fence"] == "depot-north")
+        .map(|e| format!("{} {}", e["device"], e["dwell_s"]))
+        .collect();
+    assert_eq!(dwells.len(), 39, "{dwells:?}");
+    assert!(!dwells.iter().any(|d| d.contains("yard-00")));
+    let r = c
+        .http
+        .post(at(0, "/v1/watermark"))
+        .json(&json!({"watermark": t0}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 409, "never back");
+
+    // The idler (outside every fence, silent for 2 h of event time) is forgotten by its owner.
+    let t = Instant::now();
+    loop {
+        let s = c
+            .http
+            .get(at(1, "/v1/devices/idler"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16();
+        if s == 404 {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the idler was never forgotten\n{}",
+            c.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // SAFETY: as above.
+    unsafe { std::env::remove_var("GEODWELL_IDLE_TTL") };
+}

@@ -19,6 +19,7 @@ impl Engine {
     /// The durable state of every device, in slot order.
     pub fn export(&self) -> Vec<DeviceState> {
         (0..self.devices.len() as u32)
+            .filter(|&d| !self.devices[d as usize].is_free())
             .map(|d| self.export_device(DeviceSlot(d)))
             .collect()
     }
@@ -68,6 +69,10 @@ impl Engine {
         self.device_ids
             .reserve(&self.devices, &self.ids, devices.len());
         for st in devices {
+            // A removal handed out by a checkpoint: nothing to hold.
+            if st.is_blank() {
+                continue;
+            }
             let Some(d) = self.device_slot(&st.id) else {
                 return Err(RestoreError::TooManyDevices(self.devices.len()));
             };
@@ -127,7 +132,7 @@ impl Engine {
     /// taken, a device it still has to hand out is copied here first, as it was at the freeze.
     #[inline]
     pub(super) fn mark_dirty(&mut self, d: DeviceSlot) {
-        if !self.cfg.track_dirty {
+        if !self.cfg.track_dirty || self.devices[d.index()].is_free() {
             return;
         }
         let (word, bit) = (d.index() / 64, 1u64 << (d.0 % 64));
@@ -161,6 +166,7 @@ impl Engine {
     /// gives the engine's state at the freeze. A checkpoint still running is finished first
     /// (its devices are handed out with the new one's).
     pub fn checkpoint_begin(&mut self) -> usize {
+        self.frozen_removed.append(&mut self.removed);
         let dirty = std::mem::take(&mut self.dirty);
         for &d in &dirty {
             let (word, bit) = (d.index() / 64, 1u64 << (d.0 % 64));
@@ -173,30 +179,46 @@ impl Engine {
                 self.frozen.push(d);
             }
         }
-        self.frozen.len() - self.frozen_next + self.copied.len()
+        self.frozen.len() - self.frozen_next + self.copied.len() + self.frozen_removed.len()
     }
 
     /// Hands out up to `max` devices of the running checkpoint (copies made on write first) into
     /// `out`; true once the checkpoint has handed out every device (nothing is running then).
     pub fn checkpoint_next(&mut self, max: usize, out: &mut Vec<DeviceState>) -> bool {
         let mut n = 0;
+        // Copies first, then removals, then devices: a copy (as at an earlier freeze) must
+        // not land after the removal that followed it, and a device removed and made again
+        // before the freeze must land after its removal.
         while n < max
             && let Some(copy) = self.copied.pop()
         {
             out.push(copy);
             n += 1;
         }
-        while n < max && self.frozen_next < self.frozen.len() {
+        while n < max
+            && self.copied.is_empty()
+            && let Some(id) = self.frozen_removed.pop()
+        {
+            out.push(DeviceState::blank(&id));
+            n += 1;
+        }
+        while n < max
+            && self.copied.is_empty()
+            && self.frozen_removed.is_empty()
+            && self.frozen_next < self.frozen.len()
+        {
             let d = self.frozen[self.frozen_next];
             self.frozen_next += 1;
             let (word, bit) = (d.index() / 64, 1u64 << (d.0 % 64));
-            if self.frozen_bits[word] & bit != 0 {
+            if self.frozen_bits[word] & bit != 0 && !self.devices[d.index()].is_free() {
                 self.frozen_bits[word] &= !bit;
                 out.push(self.export_device(d));
                 n += 1;
             }
         }
-        let done = self.frozen_next >= self.frozen.len() && self.copied.is_empty();
+        let done = self.frozen_next >= self.frozen.len()
+            && self.copied.is_empty()
+            && self.frozen_removed.is_empty();
         if done {
             self.frozen.clear();
             self.frozen_next = 0;
@@ -206,14 +228,24 @@ impl Engine {
 
     /// Devices the running checkpoint has still to hand out (0: none running).
     pub fn checkpoint_pending(&self) -> usize {
-        self.frozen.len() - self.frozen_next + self.copied.len()
+        self.frozen.len() - self.frozen_next + self.copied.len() + self.frozen_removed.len()
     }
 
     /// The durable state of every device changed since the previous call (for incremental
     /// persistence: storing these keeps a store equal to [`Engine::export`]).
+    /// Removed devices come first, as blank states ([`DeviceState::is_blank`]).
     pub fn take_dirty(&mut self) -> Vec<DeviceState> {
         let dirty = std::mem::take(&mut self.dirty);
-        let out = dirty.iter().map(|&d| self.export_device(d)).collect();
+        let mut out: Vec<DeviceState> = std::mem::take(&mut self.removed)
+            .iter()
+            .map(|id| DeviceState::blank(id))
+            .collect();
+        out.extend(
+            dirty
+                .iter()
+                .filter(|d| !self.devices[d.index()].is_free())
+                .map(|&d| self.export_device(d)),
+        );
         for d in dirty {
             self.dirty_bits[d.index() / 64] &= !(1u64 << (d.0 % 64));
         }

@@ -47,6 +47,7 @@ use crate::wheel::{Fired, Wheel, WheelStats};
 
 mod export;
 mod ingest;
+mod lifecycle;
 mod records;
 mod timers;
 mod views;
@@ -58,6 +59,8 @@ mod tests;
 
 use ingest::to_event;
 use records::{Device, DeviceIds, DeviceSlot, IdArena, PairSlot, Reorders, pair_slots, pairs_of};
+
+pub use lifecycle::IdleRule;
 
 /// Engine tuning.
 #[derive(Debug, Clone, PartialEq)]
@@ -183,6 +186,17 @@ pub struct DeviceSummary {
     pub inside: Vec<Arc<str>>,
 }
 
+/// A device inside a fence (committed ENTER, no EXIT yet), for the occupancy listing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Occupant {
+    /// Device id.
+    pub device: Arc<str>,
+    /// The device's latest applied fix time.
+    pub last_fix_at: Option<Ts>,
+    /// The pair: visit start, thresholds fired, next due.
+    pub pair: PairView,
+}
+
 /// The durable state of one device: what [`Engine::export`] writes and [`Engine::restore`]
 /// reads. Fences are named by id, so the state survives fence slots being renumbered. The
 /// service stores it with its own binary codec; the serde derives exist only for the model test
@@ -200,6 +214,25 @@ pub struct DeviceState {
     pub buffer: Vec<(i64, f64, f64, Option<f64>)>,
     /// Pair records, by fence id.
     pub pairs: Vec<(String, PairState)>,
+}
+
+impl DeviceState {
+    /// The state of a removed device: no fix applied, none buffered, no pairs. It holds
+    /// nothing, so a store drops the device when handed one, and [`Engine::restore`] skips it.
+    pub fn blank(id: &str) -> DeviceState {
+        DeviceState {
+            id: id.to_string(),
+            last_applied: None,
+            last_position: None,
+            buffer: Vec::new(),
+            pairs: Vec::new(),
+        }
+    }
+
+    /// Whether this state holds nothing (a removal).
+    pub fn is_blank(&self) -> bool {
+        self.last_applied.is_none() && self.buffer.is_empty() && self.pairs.is_empty()
+    }
 }
 
 /// What [`Engine::restore`] rebuilt.
@@ -234,6 +267,17 @@ pub struct Engine {
     clock: TickClock,
     fences: FenceIndex,
     devices: Vec<Device>,
+    /// Free device slots (removed devices), reused before new ones.
+    free_devices: Vec<DeviceSlot>,
+    /// Arena bytes of removed devices' ids, until the arena is compacted.
+    dead_id_bytes: usize,
+    /// Ids of devices removed since the running checkpoint froze, handed out as removals by the
+    /// next one (with `track_dirty`).
+    removed: Vec<Arc<str>>,
+    /// Removals the running checkpoint hands out (after its copies, before its devices).
+    frozen_removed: Vec<Arc<str>>,
+    /// Where the next idle sweep resumes (a device slot).
+    idle_cursor: u32,
     /// Every device's id, addressed by `Device::id`.
     ids: IdArena,
     device_ids: DeviceIds,
@@ -284,6 +328,11 @@ impl Engine {
             cfg,
             fences: FenceIndex::new(),
             devices: Vec::new(),
+            free_devices: Vec::new(),
+            dead_id_bytes: 0,
+            removed: Vec::new(),
+            frozen_removed: Vec::new(),
+            idle_cursor: 0,
             ids: IdArena::default(),
             device_ids: DeviceIds::default(),
             reorders: Reorders::default(),
@@ -341,7 +390,7 @@ impl Engine {
     /// Engine-wide counters: devices, live pairs, buffered fixes and the wheel's own.
     pub fn stats(&self) -> EngineStats {
         EngineStats {
-            devices: self.devices.len() as u64,
+            devices: (self.devices.len() - self.free_devices.len()) as u64,
             pairs: self.live_pairs,
             buffered: self.buffered,
             wheel: self.wheel.stats(),

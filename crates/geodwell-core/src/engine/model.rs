@@ -293,6 +293,87 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Devices removed mid-trace (their later fixes start afresh) and idle devices expired
+    /// along the way: the engine gives the reference's events for the removals, and expiry
+    /// changes none of them (the reference does not model it). Checkpoint-style persistence of
+    /// dirty devices stays equal to the export, removals included.
+    #[test]
+    fn removals_match_the_reference_and_idle_expiry_changes_no_event(
+        seed in 1u64..u64::MAX,
+        devices in 1usize..6,
+        lateness_s in prop::sample::select(vec![0i64, 5, 30]),
+        remove_every in 3usize..40,
+        ttl_s in prop::sample::select(vec![1i64, 20, 120]),
+        scan in 1usize..8,
+    ) {
+        let mut rng = Rng::new(seed);
+        let fences = fences(&mut rng);
+        let lateness = Dur::from_secs(lateness_s);
+        let mut fixes = trace(&mut rng, devices, lateness_s > 0);
+        fixes.sort_by(|a, b| a.order(b));
+        // Arrival: each fix delayed by less than the lateness.
+        let mut arrival: Vec<(i64, usize)> = fixes
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (f.ts.0 + if lateness_s > 0 { rng.below(lateness.0 as u64) as i64 } else { 0 }, i))
+            .collect();
+        arrival.sort();
+        let mut e = Engine::new(EngineConfig { track_dirty: true, ..EngineConfig::default() });
+        let mut out = Vec::new();
+        for f in &fences {
+            e.upsert_fence(f.clone(), &mut out);
+        }
+        let rule = IdleRule { ttl: Dur::from_secs(ttl_s) };
+        let mut inputs = Vec::new();
+        let mut store = Persisted::new();
+        let mut max_seen: Option<Ts> = None;
+        let mut expired = 0;
+        for (n, &(_, i)) in arrival.iter().enumerate() {
+            let fix = &fixes[i];
+            max_seen = Some(max_seen.map_or(fix.ts, |m| m.max(fix.ts)));
+            let w = max_seen.unwrap().minus(lateness);
+            prop_assert_ne!(e.ingest(fix, w, &mut out).unwrap(), Ingested::Late);
+            inputs.push(crate::reference::Input::Fix(fix.clone()));
+            e.advance(w, &mut out);
+            if n % remove_every == remove_every - 1 {
+                let dev = format!("dev-{}", rng.below(devices as u64));
+                if e.remove_device(&dev) {
+                    inputs.push(crate::reference::Input::Remove { device: Arc::from(dev.as_str()), w });
+                }
+            }
+            for id in e.expire_idle(rule, w, scan) {
+                prop_assert!(e.remove_device(&id));
+                expired += 1;
+            }
+            e.check_records();
+            for d in e.take_dirty() {
+                if d.is_blank() {
+                    store.remove(&d.id);
+                } else {
+                    store.insert(d.id.clone(), d);
+                }
+            }
+            let full: Persisted = e.export().into_iter().map(|d| (d.id.clone(), d)).collect();
+            prop_assert_eq!(&store, &full);
+        }
+        let w_final = max_seen.unwrap().minus(lateness);
+        while e.advance(w_final, &mut out).carried {}
+        let mut got: Vec<Key> = out.iter().map(key).collect();
+        got.sort();
+        let mut want: Vec<Key> = crate::reference::expected_events_with_removals(&fences, &inputs, w_final)
+            .iter()
+            .map(key)
+            .collect();
+        want.sort();
+
+        prop_assert_eq!(got, want, "{} devices expired", expired);
+        prop_assert_eq!(e.stats().devices as usize, e.export().len());
+    }
+}
+
 /// A stand-in for the store: device id -> last persisted state.
 type Persisted = std::collections::BTreeMap<String, DeviceState>;
 

@@ -2,10 +2,11 @@
 //! arena and the id -> slot table, the pair slots with their free list, and the per-device pair
 //! lists threaded through the pair records (making, walking, linking and unlinking them).
 //!
-//! There is one device record per device ever seen, so its size is most of what a parked device
-//! costs. It is 32 bytes and owns no heap block:
-//! - the id lives in [`IdArena`], one byte buffer for every device of the shard (devices are never
-//!   removed, so the arena only grows); the record keeps its offset;
+//! There is one device record per device the shard holds, so its size is most of what a parked
+//! device costs. It is 32 bytes and owns no heap block:
+//! - the id lives in [`IdArena`], one byte buffer for every device of the shard; the record keeps
+//!   its offset. A removed device's bytes stay until the arena is compacted (when they are more
+//!   than the live ones, `engine::lifecycle`);
 //! - the reorder buffer and the flush timer that goes with it are a [`Reorder`] in a side table
 //!   ([`Reorders`]), present only while fixes wait for the watermark (a fix that need not wait is
 //!   applied without it);
@@ -28,8 +29,9 @@ use crate::time::Ts;
 
 use super::Engine;
 
-/// A device's index in `Engine::devices`. Slots are handed out in arrival order and never
-/// reused, so a slot names one device for the engine's whole life.
+/// A device's index in `Engine::devices`. Slots are handed out in arrival order; a removed
+/// device's slot is free ([`Device::is_free`]) and is reused by a later new device, so a slot
+/// names one device from its arrival to its removal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[repr(transparent)]
 pub(super) struct DeviceSlot(pub u32);
@@ -104,6 +106,10 @@ const _: () = assert!(
         && NO_PAIR & LIST_END_TAG != 0
 );
 
+/// Marks a free device slot in [`Device::id`] (no arena offset reaches it: the arena ends
+/// before 4 GiB).
+pub(super) const FREE_ID: u32 = u32::MAX;
+
 /// Marks "no fix applied yet" in [`Device::last_applied`].
 pub(super) const NO_TS: i64 = i64::MIN;
 /// Marks "no flush timer armed" in [`Reorder::flush_due`].
@@ -152,6 +158,16 @@ impl Device {
         }
     }
 
+    /// The record of a removed device, waiting for reuse.
+    pub fn free() -> Device {
+        Device::new(FREE_ID)
+    }
+
+    /// Whether the slot holds no device.
+    pub fn is_free(&self) -> bool {
+        self.id == FREE_ID
+    }
+
     pub fn last_applied(&self) -> Option<Ts> {
         (self.last_applied != NO_TS).then_some(Ts(self.last_applied))
     }
@@ -194,7 +210,10 @@ pub(super) struct IdArena {
 impl IdArena {
     /// Appends `id`; returns its offset, or `ArenaFull` past 4 GiB.
     pub fn push(&mut self, id: &str) -> Result<u32, ArenaFull> {
-        let at = u32::try_from(self.bytes.len()).map_err(|_| ArenaFull)?;
+        let at = u32::try_from(self.bytes.len())
+            .ok()
+            .filter(|&a| a < FREE_ID)
+            .ok_or(ArenaFull)?;
         let mut n = id.len();
         loop {
             let low = (n & 0x7f) as u8;
@@ -223,6 +242,22 @@ impl IdArena {
             }
         }
         self.bytes.get(i..i + len).unwrap_or(&[])
+    }
+
+    /// Bytes the arena holds, live and dead.
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// The bytes `id` takes in the arena (its length prefix included).
+    pub fn cost(id: &[u8]) -> usize {
+        let mut n = id.len();
+        let mut prefix = 1;
+        while n >= 0x80 {
+            n >>= 7;
+            prefix += 1;
+        }
+        prefix + id.len()
     }
 
     /// The id stored at `at`.
@@ -270,6 +305,16 @@ impl DeviceIds {
         });
     }
 
+    /// Drops slot `d` (holding `id`) from the table.
+    pub fn remove(&mut self, devices: &[Device], arena: &IdArena, id: &str, d: DeviceSlot) {
+        let id = id.as_bytes();
+        if let Ok(e) = self.table.find_entry(self.hash(id), |&x| {
+            x == d && arena.bytes(devices[x.index()].id) == id
+        }) {
+            e.remove();
+        }
+    }
+
     pub fn reserve(&mut self, devices: &[Device], arena: &IdArena, additional: usize) {
         let hasher = &self.hasher;
         self.table.reserve(additional, |&x| {
@@ -282,6 +327,13 @@ impl Engine {
     /// The slot of device `id`, made if new; `None` when the shard has no room for another.
     pub(super) fn device_slot(&mut self, id: &str) -> Option<DeviceSlot> {
         if let Some(d) = self.device_ids.get(&self.devices, &self.ids, id) {
+            return Some(d);
+        }
+        if let Some(&d) = self.free_devices.last() {
+            let at = self.ids.push(id).ok()?;
+            self.free_devices.pop();
+            self.devices[d.index()] = Device::new(at);
+            self.device_ids.insert(&self.devices, &self.ids, d);
             return Some(d);
         }
         let d = u32::try_from(self.devices.len())
@@ -353,6 +405,7 @@ impl Engine {
             self.wheel.cancelled();
         }
         pair.set_timer(None, 0);
+        pair.clear_visit();
         pair.timer_gen = pair.timer_gen.wrapping_add(1);
         self.free_pairs.push(slot);
         self.live_pairs -= 1;
@@ -402,7 +455,15 @@ impl Engine {
     pub(crate) fn check_records(&self) {
         let mut seen = vec![false; self.pairs.len()];
         let mut count = 0u64;
+        let mut free = 0;
         for d in (0..self.devices.len() as u32).map(DeviceSlot) {
+            if self.devices[d.index()].is_free() {
+                assert_eq!(self.devices[d.index()].first_pair, NO_PAIR);
+                assert!(!self.reorders.contains_key(&d));
+                assert!(self.free_devices.contains(&d));
+                free += 1;
+                continue;
+            }
             for p in pair_slots(&self.devices, &self.pairs, d) {
                 assert!(!seen[p.index()], "pair {} listed twice", p.0);
                 seen[p.index()] = true;
@@ -416,6 +477,7 @@ impl Engine {
             assert_eq!(self.device_ids.get(&self.devices, &self.ids, id), Some(d));
         }
         assert_eq!(count, self.live_pairs);
+        assert_eq!(free, self.free_devices.len());
         for &f in &self.free_pairs {
             assert!(!seen[f.index()], "free pair {} is listed", f.0);
         }

@@ -731,3 +731,43 @@ fn device_scopes_are_validated_and_written_back() {
         assert!(e.to_string().contains("properties.devices"), "{bad}: {e}");
     }
 }
+
+#[test]
+fn occupancy_lists_exactly_the_devices_inside_across_pages_and_counts_them() {
+    let mut h = H::new(serde_json::json!({"dwell": ["10m"]}));
+    for i in 0..25 {
+        h.fix_acc(&format!("in-{i}"), 1, IN, None);
+    }
+    for i in 0..7 {
+        h.fix_acc(&format!("out-{i}"), 1, FAR, None);
+    }
+    // Two leave: their pairs are freed, and a freed slot must not count.
+    h.fix_acc("in-3", 2, FAR, None);
+    h.fix_acc("in-4", 2, FAR, None);
+    h.w(3);
+    assert_eq!(h.e.fence_inside("sq"), 23);
+    assert_eq!(h.e.fence_inside("nope"), 0);
+    // Pages of 4 with a scan budget of 3 slots: short pages, never a repeat, all 23 in the end.
+    let mut seen = std::collections::BTreeSet::new();
+    let mut from = 0;
+    loop {
+        let (page, next) = h.e.fence_occupants("sq", from, 4, 3);
+        assert!(page.len() <= 3);
+        for o in page {
+            assert!(o.pair.inside);
+            assert_eq!(o.pair.entered_at, ts(1));
+            assert_eq!(o.pair.next_due, Some(ts(601)));
+            assert!(seen.insert(o.device.to_string()), "listed twice");
+        }
+        match next {
+            Some(n) => from = n,
+            None => break,
+        }
+    }
+    let want: std::collections::BTreeSet<String> = (0..25)
+        .filter(|i| *i != 3 && *i != 4)
+        .map(|i| format!("in-{i}"))
+        .collect();
+    assert_eq!(seen, want);
+    assert_eq!(h.e.fence_occupants("nope", 0, 10, 100), (vec![], None));
+}

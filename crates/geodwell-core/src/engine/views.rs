@@ -1,15 +1,19 @@
-//! Read-only views of devices for the API: one device in full ([`Engine::device`]) and pages of
-//! summaries in slot order ([`Engine::device_page`]). Nothing here changes the engine.
+//! Read-only views of devices for the API: one device in full ([`Engine::device`]), pages of
+//! summaries in slot order ([`Engine::device_page`]), and the devices inside one fence
+//! ([`Engine::fence_occupants`], [`Engine::fence_inside`]). Nothing here changes the engine.
 //!
-//! Pairs whose fence is gone are left out (the next fix or advance drops them). Paging is by
-//! slot, which is stable because device slots are never reused.
+//! Pairs whose fence is gone are left out (the next fix or advance drops them). Device paging is
+//! by device slot, occupancy paging by pair slot: a slot that is freed and reused during a walk
+//! may make a device that arrived during the walk missing from it, never one that stayed put.
+//! A free pair slot is never inside (`free_pair` clears it), so the occupancy walk needs no
+//! free list.
 
 use std::sync::Arc;
 
 use crate::pairs::PairView;
 
-use super::records::{DeviceSlot, pairs_of};
-use super::{DeviceSummary, DeviceView, Engine};
+use super::records::{DeviceSlot, PairSlot, pair_device, pairs_of};
+use super::{DeviceSummary, DeviceView, Engine, Occupant};
 
 impl Engine {
     /// The state of device `id`: its last applied fix and position, how many fixes it buffers,
@@ -34,14 +38,16 @@ impl Engine {
         })
     }
 
-    /// One page of device summaries in slot order, starting at slot `from`, at most `limit`
-    /// long; also returns the slot to resume from, if any devices remain. Slot order is stable
-    /// (slots are never reused), so paging never skips or repeats a device, and a page costs
-    /// O(limit) rather than a sort of every device.
+    /// One page of device summaries in slot order, starting at slot `from`, covering at most
+    /// `limit` slots (free ones are skipped, so a page can be short); also returns the slot to
+    /// resume from, if any remain. A device keeps its slot until it is removed, so paging never
+    /// skips or repeats a device that stays, and a page costs O(limit) rather than a sort of
+    /// every device.
     pub fn device_page(&self, from: u32, limit: usize) -> (Vec<DeviceSummary>, Option<u32>) {
         let start = (from as usize).min(self.devices.len());
         let end = start.saturating_add(limit).min(self.devices.len());
         let page = (start..end)
+            .filter(|&d| !self.devices[d].is_free())
             .map(|d| {
                 let dev = &self.devices[d];
                 let mut inside: Vec<Arc<str>> =
@@ -65,5 +71,57 @@ impl Engine {
             .collect();
         let next = (end < self.devices.len()).then_some(end as u32);
         (page, next)
+    }
+
+    /// Devices inside fence `fence` now, in pair slot order from slot `from`: at most `limit` of
+    /// them, after looking at no more than `scan` pair slots (so one call is a bounded pause of
+    /// the shard however rare the fence's occupants are). Returns the page and the slot to resume
+    /// from, `None` once every slot has been looked at. An unknown fence has no occupants.
+    pub fn fence_occupants(
+        &self,
+        fence: &str,
+        from: u32,
+        limit: usize,
+        scan: usize,
+    ) -> (Vec<Occupant>, Option<u32>) {
+        let Some(idx) = self.fences.idx_of(fence) else {
+            return (Vec::new(), None);
+        };
+        let Some(f) = self.fences.get(idx) else {
+            return (Vec::new(), None);
+        };
+        let start = (from as usize).min(self.pairs.len());
+        let end = start.saturating_add(scan.max(1)).min(self.pairs.len());
+        let mut out = Vec::new();
+        for p in start..end {
+            let pair = &self.pairs[p];
+            if pair.fence != idx || !pair.is_inside() {
+                continue;
+            }
+            let d = pair_device(&self.pairs, PairSlot(p as u32));
+            let dev = &self.devices[d.index()];
+            out.push(Occupant {
+                device: Arc::from(self.ids.get(dev.id)),
+                last_fix_at: dev.last_applied(),
+                pair: pair.view(&f.settings),
+            });
+            if out.len() >= limit {
+                let next = p + 1;
+                return (out, (next < self.pairs.len()).then_some(next as u32));
+            }
+        }
+        (out, (end < self.pairs.len()).then_some(end as u32))
+    }
+
+    /// How many devices are inside fence `fence` now (0 for an unknown fence). One pass over the
+    /// pair slots: O(pairs), a few milliseconds per million (docs/benchmarks.md).
+    pub fn fence_inside(&self, fence: &str) -> u64 {
+        let Some(idx) = self.fences.idx_of(fence) else {
+            return 0;
+        };
+        self.pairs
+            .iter()
+            .filter(|p| p.fence == idx && p.is_inside())
+            .count() as u64
     }
 }

@@ -107,6 +107,117 @@ pub(super) async fn upload(
     Ok(())
 }
 
+/// Reads every fence of the server (`GET /v1/fences`, page by page; read scope).
+pub(super) async fn server_fences(
+    client: &reqwest::Client,
+    base: &str,
+    key_sent: bool,
+) -> Result<Vec<Arc<Fence>>, SimError> {
+    let mut out = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut url = format!("{base}/v1/fences?limit=10000");
+        if let Some(a) = &after {
+            url.push_str("&after=");
+            url.push_str(&urlencode(a));
+        }
+        let r = client
+            .get(&url)
+            .send()
+            .await
+            .map_err(|e| SimError::server(&url, e))?;
+        let status = r.status();
+        if is_auth_refusal(status.as_u16()) {
+            let body = r.bytes().await.unwrap_or_default();
+            return Err(SimError::refused(
+                status.as_u16(),
+                "GET /v1/fences",
+                &body,
+                key_sent,
+            ));
+        }
+        if !status.is_success() {
+            let text = r.text().await.unwrap_or_default();
+            return Err(SimError::server(&url, format!("{status}: {text}")));
+        }
+        let text = r.text().await.map_err(|e| SimError::server(&url, e))?;
+        let page: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| SimError::server(&url, e))?;
+        let fences = geodwell_core::fences::parse_fences_str(&text, &Default::default())
+            .map_err(|e| SimError::server(&url, format!("the server's fences: {e}")))?;
+        out.extend(fences.into_iter().map(Arc::new));
+        match page["next_after"].as_str() {
+            Some(n) => after = Some(n.to_string()),
+            None => return Ok(out),
+        }
+    }
+}
+
+/// Percent-encodes a path or query component (fence and device ids may hold any character).
+fn urlencode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Moves the server's watermark to `to` (`POST /v1/watermark`); `None` when the server did not
+/// take it (the key lacks admin, or the watermark is already past it), which the report shows.
+pub(super) async fn finish_watermark(client: &reqwest::Client, base: &str, to: Ts) -> Option<Ts> {
+    let url = format!("{base}/v1/watermark");
+    let r = client
+        .post(&url)
+        .json(&serde_json::json!({ "watermark": to.0 }))
+        .send()
+        .await
+        .ok()?;
+    r.status().is_success().then_some(to)
+}
+
+/// Deletes `fences` and `devices` (`DELETE`, eight at a time; admin scope). "Not found" counts
+/// as done and is not counted; other failures are counted by status.
+pub(super) async fn cleanup(
+    client: &reqwest::Client,
+    base: &str,
+    fences: &[String],
+    devices: &[String],
+) -> super::report::Cleanup {
+    use futures_util::StreamExt;
+    let mut c = super::report::Cleanup::default();
+    let paths = fences
+        .iter()
+        .map(|id| (true, format!("{base}/v1/fences/{}", urlencode(id))))
+        .chain(
+            devices
+                .iter()
+                .map(|id| (false, format!("{base}/v1/devices/{}", urlencode(id)))),
+        );
+    let mut answers = futures_util::stream::iter(paths.map(|(fence, url)| async move {
+        (fence, client.delete(&url).send().await.map(|r| r.status()))
+    }))
+    .buffer_unordered(8);
+    while let Some((fence, r)) = answers.next().await {
+        match r {
+            Ok(s) if s.is_success() => {
+                if fence {
+                    c.fences += 1;
+                } else {
+                    c.devices += 1;
+                }
+            }
+            Ok(s) if s.as_u16() == 404 => {}
+            Ok(s) => *c.failed.entry(s.as_u16().to_string()).or_default() += 1,
+            Err(_) => *c.failed.entry("transport".into()).or_default() += 1,
+        }
+    }
+    c
+}
+
 /// One HTTP sender: posts each batch as NDJSON when it is due, until the run stops.
 pub(super) async fn send(ctx: SendCtx, client: reqwest::Client, base: String, key_sent: bool) {
     let url = format!("{base}/v1/fixes");

@@ -73,6 +73,22 @@ pub struct SimReport {
     pub subscriber_gaps: u64,
     /// Ingest-to-event latency by type (`enter`, `exit`, `dwell`) and over `all`.
     pub latency: BTreeMap<String, LatencySummary>,
+    /// Event clock: the watermark the run moved the server to at the end (`POST
+    /// /v1/watermark`, the last fix's time), so the deadlines up to it were judged.
+    pub finished_watermark: Option<Ts>,
+    /// With `--cleanup`: what the run deleted afterwards.
+    pub cleanup: Option<Cleanup>,
+}
+
+/// What `--cleanup` deleted.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Cleanup {
+    /// Fences the run had created, deleted (fences it replaced are left as they are).
+    pub fences: u64,
+    /// Devices of the run, deleted (those the server no longer held are not counted).
+    pub devices: u64,
+    /// Deletions that failed (other than "not found"), by status.
+    pub failed: BTreeMap<String, u64>,
 }
 
 /// The report of a finished run.
@@ -139,6 +155,8 @@ pub(super) fn report(
         subscriber_lagged: c.lagged.load(Relaxed),
         subscriber_gaps: c.gaps.load(Relaxed),
         latency,
+        finished_watermark: None,
+        cleanup: None,
     }
 }
 
@@ -208,6 +226,22 @@ impl SimReport {
                 l.p999_us as f64 / 1000.0,
                 l.max_us as f64 / 1000.0,
                 l.unmatched
+            );
+        }
+        if let Some(w) = self.finished_watermark {
+            let _ = writeln!(s, "watermark moved to the last fix's time: {w}");
+        }
+        if let Some(c) = &self.cleanup {
+            let _ = writeln!(
+                s,
+                "cleanup: deleted {} fences and {} devices{}",
+                c.fences,
+                c.devices,
+                if c.failed.is_empty() {
+                    String::new()
+                } else {
+                    format!("; failed: {:?}", c.failed)
+                }
             );
         }
         s
@@ -304,6 +338,8 @@ mod tests {
             subscriber_lagged: 0,
             subscriber_gaps: 0,
             latency: BTreeMap::new(),
+            finished_watermark: None,
+            cleanup: None,
         }
     }
 
