@@ -94,37 +94,9 @@ command -v psql >/dev/null || die "psql not found (apt-get install postgresql-cl
 command -v cargo >/dev/null || die "cargo not found"
 psql -X -d "${PGADMINDB:-postgres}" -Atc 'SELECT 1' >/dev/null 2>&1 ||
 	die "cannot connect to PostgreSQL as $PGUSER (database ${PGADMINDB:-postgres}); set PGHOST/PGPORT/PGUSER"
-SERVER_NUM=$(pg_admin -Atc 'SHOW server_version_num')
-PG_MAJOR=$((SERVER_NUM / 10000))
-PKG=postgresql-$PG_MAJOR-postgis-3
-
-# Available means the extension's files are there and its library loads (a removed package can
-# leave the control files behind): try it in a transaction that is rolled back.
-has_postgis() {
-	[ "$(pg_admin -Atc "SELECT count(*) FROM pg_available_extensions WHERE name = 'postgis'")" != 0 ] &&
-		pg_admin -Atc "BEGIN; CREATE EXTENSION IF NOT EXISTS postgis; SELECT postgis_lib_version(); ROLLBACK;" >/dev/null 2>&1
-}
-if has_postgis; then
-	log "PostGIS is available to PostgreSQL $PG_MAJOR"
-else
-	log "PostGIS missing: installing $PKG"
-	SUDO=
-	if [ "$(id -u)" != 0 ]; then
-		command -v sudo >/dev/null || die "PostGIS is not installed and we are not root: run 'apt-get install $PKG' as root"
-		SUDO=sudo
-	fi
-	command -v apt-get >/dev/null || die "PostGIS is not installed and apt-get is unavailable: install PostGIS for PostgreSQL $PG_MAJOR"
-	if ! apt-cache show "$PKG" >/dev/null 2>&1; then
-		$SUDO apt-get update -qq || die "apt-get update failed"
-	fi
-	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$PKG" >/dev/null || die "apt-get install $PKG failed"
-	has_postgis || die "$PKG installed but the server does not list the postgis extension"
-fi
-if [ "$(pg_admin -Atc "SELECT count(*) FROM pg_database WHERE datname = '$DB'")" = 0 ]; then
-	log "creating database $DB"
-	pg_admin -c "CREATE DATABASE $DB"
-fi
-pg -c 'CREATE EXTENSION IF NOT EXISTS postgis'
+# shellcheck source=benches/common/postgis.sh
+source "$ROOT/benches/common/postgis.sh"
+ensure_postgis
 # PostGIS 3.3.2 on PostgreSQL 15 crashed the backend (signal 11, the server then restarts every
 # session) on "SELECT count(*)" over a table with an SP-GiST geometry index, planned as an
 # index-only scan. None of the benchmark's queries can use one (they read the geometry), so
