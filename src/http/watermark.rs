@@ -24,8 +24,10 @@ use crate::ingest::AdvanceError;
 use crate::state::AppState;
 
 /// `POST /v1/watermark` body.
-// Schema only: the body is read as a `Value` so that each wrong shape gets its own message.
-#[derive(ToSchema)]
+// Schema only: the body is read as a `Value` so that each wrong shape gets its own message;
+// the server refuses other members, which the schema says (`additionalProperties: false`).
+#[derive(ToSchema, serde::Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct WatermarkIn {
     /// The new watermark: RFC 3339 text or Unix milliseconds, 1970 to 9999.
     pub watermark: crate::http::openapi::FixTs,
