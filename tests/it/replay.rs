@@ -547,5 +547,56 @@ async fn deletions_and_idle_expiry_mid_trace_still_give_the_reference_events() {
         .collect();
     assert_eq!(got.len(), evs.len(), "no event twice");
     assert_eq!(got, expected, "deletions and expiry vs reference");
+
+    // Which devices expiry keeps, by the reference: a day past the last fix (more than the
+    // 2 h TTL, and every pending run long expired) exactly those whose last life (the fixes
+    // after their last deletion) ends inside some fence.
+    let mut last_life: std::collections::BTreeMap<String, Vec<Fix>> = Default::default();
+    for i in &inputs {
+        match i {
+            geodwell_core::reference::Input::Fix(f) => last_life
+                .entry(f.device.to_string())
+                .or_default()
+                .push(f.clone()),
+            geodwell_core::reference::Input::Remove { device, .. } => {
+                last_life.insert(device.to_string(), Vec::new());
+            }
+        }
+    }
+    let keep: BTreeSet<String> = last_life
+        .iter()
+        .filter(|(_, fixes)| {
+            let evs = geodwell_core::reference::expected_events(&fence_objs, fixes, w_final);
+            let mut open = std::collections::BTreeMap::new();
+            for e in &evs {
+                match e.kind.as_str() {
+                    "enter" => open.insert(e.fence.to_string(), true),
+                    "exit" => open.insert(e.fence.to_string(), false),
+                    _ => None,
+                };
+            }
+            open.values().any(|&o| o)
+        })
+        .map(|(d, _)| d.clone())
+        .collect();
+    assert!(!keep.is_empty() && keep.len() < last_life.len(), "{keep:?}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, page) = srv.get("/v1/devices?limit=10000").await;
+        let held: BTreeSet<String> = page["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["device"].as_str().unwrap().to_string())
+            .collect();
+        if held == keep {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server holds {held:?}, the reference keeps {keep:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     srv.stop().await;
 }
