@@ -73,6 +73,17 @@ impl WallClock {
         Ts(self.origin_ms + self.origin.elapsed().as_millis() as i64)
     }
 
+    /// A stamp for `at` (microseconds since the origin, plus one: 0 means "none"), small enough
+    /// to travel with a fix through the engine ([`geodwell_core::engine::Engine::set_arrival`]).
+    pub fn stamp_of(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.origin).as_micros() as u64 + 1
+    }
+
+    /// The instant of a stamp from [`WallClock::stamp_of`] (`None` for 0).
+    pub fn instant_of(&self, stamp: u64) -> Option<Instant> {
+        (stamp > 0).then(|| self.origin + Duration::from_micros(stamp - 1))
+    }
+
     /// The monotonic instant at which the wall clock reads `t`.
     pub fn instant_at(&self, t: Ts) -> Instant {
         let ms = (t.0 - self.origin_ms).max(0) as u64;
@@ -93,6 +104,8 @@ pub struct Watermark {
     /// A cluster node: the published watermark is the cluster's ([`Watermark::observe_cluster`]),
     /// never this node's own stamps.
     external: std::sync::atomic::AtomicBool,
+    /// event mode: when the published watermark last moved ([`WallClock::stamp_of`]).
+    moved_at: std::sync::atomic::AtomicU64,
 }
 
 impl Watermark {
@@ -116,6 +129,7 @@ impl Watermark {
             max_seen: AtomicI64::new(max_seen.unwrap_or(i64::MIN)),
             published,
             external: std::sync::atomic::AtomicBool::new(false),
+            moved_at: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -136,7 +150,12 @@ impl Watermark {
         }
         self.max_seen.fetch_max(max_seen, Ordering::AcqRel);
         let w = Ts(max_seen).minus(self.lateness);
-        self.published.send_if_modified(|cur| {
+        self.raise(w);
+    }
+
+    /// Publishes `w` if it is ahead of the published watermark, noting when.
+    fn raise(&self, w: Ts) {
+        let moved = self.published.send_if_modified(|cur| {
             if cur.is_none_or(|c| c < w) {
                 *cur = Some(w);
                 true
@@ -144,6 +163,19 @@ impl Watermark {
                 false
             }
         });
+        if moved {
+            self.moved_at.store(
+                self.wall.stamp_of(Instant::now()),
+                std::sync::atomic::Ordering::Release,
+            );
+        }
+    }
+
+    /// event mode: when the published watermark last moved (now if it never did).
+    pub fn moved_at(&self) -> Instant {
+        self.wall
+            .instant_of(self.moved_at.load(std::sync::atomic::Ordering::Acquire))
+            .unwrap_or_else(Instant::now)
     }
 
     /// The clock mode.
@@ -196,14 +228,7 @@ impl Watermark {
             return;
         }
         if let Some(w) = w {
-            self.published.send_if_modified(|cur| {
-                if cur.is_none_or(|c| c < w) {
-                    *cur = Some(w);
-                    true
-                } else {
-                    false
-                }
-            });
+            self.raise(w);
         }
     }
 
@@ -221,14 +246,7 @@ impl Watermark {
         self.max_seen
             .fetch_max(to.plus(self.lateness).0, Ordering::AcqRel);
         if !self.external.load(std::sync::atomic::Ordering::Acquire) {
-            self.published.send_if_modified(|cur| {
-                if cur.is_none_or(|c| c < to) {
-                    *cur = Some(to);
-                    true
-                } else {
-                    false
-                }
-            });
+            self.raise(to);
         }
         Ok(current)
     }

@@ -98,6 +98,8 @@ pub struct Dispatched {
 impl Ingest {
     /// Ingest validating against `limits`, stamping with `watermark`, routing to `shards`.
     pub fn new(limits: FixLimits, watermark: Arc<Watermark>, shards: Shards) -> Ingest {
+        let reasons: Vec<&'static str> = ItemCode::ALL.iter().map(|c| c.as_str()).collect();
+        t::export_zero_series(&reasons);
         Ingest {
             limits,
             watermark,

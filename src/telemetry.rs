@@ -182,6 +182,40 @@ pub const CLUSTER_LAG_REFUSED: &str = "geodwell_cluster_lag_refused_total";
 /// Histogram: one batch part's publish until its PubAck.
 pub const CLUSTER_INGEST_ACK_SECONDS: &str = "geodwell_cluster_ingest_ack_seconds";
 
+/// Gauge, always 1: the running binary's `version` (and its build `profile`).
+pub const BUILD_INFO: &str = "geodwell_build_info";
+
+/// Process metrics (`geodwell_process_cpu_seconds_total`, `_resident_memory_bytes`,
+/// `_open_fds`, `_max_fds`, `_threads`, `_start_time_seconds`, ...), read from the OS at each
+/// scrape ([`collect_process`]).
+fn process_collector() -> &'static metrics_process::Collector {
+    static C: OnceLock<metrics_process::Collector> = OnceLock::new();
+    C.get_or_init(|| metrics_process::Collector::new("geodwell_"))
+}
+
+/// Reads the process metrics now (called before each render of `/metrics`).
+pub fn collect_process() {
+    process_collector().collect();
+}
+
+/// Ingest transports: the closed set of `transport` label values.
+pub const TRANSPORTS: [&str; 4] = ["http", "ws", "osmand", "owntracks"];
+
+/// Exports the counters whose label values are known before the first increment at 0 (for
+/// rejections: `reasons`, the item codes and `overloaded`), so that `rate()` and alerts see a
+/// series from the start.
+pub fn export_zero_series(reasons: &[&'static str]) {
+    for transport in TRANSPORTS {
+        metrics::counter!(FIXES_RECEIVED, "transport" => transport).absolute(0);
+    }
+    for reason in reasons.iter().copied().chain(["overloaded"]) {
+        metrics::counter!(FIXES_REJECTED, "reason" => reason).absolute(0);
+    }
+    for kind in ["enter", "exit", "dwell"] {
+        metrics::counter!(EVENTS_EMITTED, "type" => kind).absolute(0);
+    }
+}
+
 /// Installs the Prometheus recorder once per process and returns its handle.
 pub fn install() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -230,7 +264,21 @@ pub fn install() -> PrometheusHandle {
             for reason in ["delete", "idle"] {
                 metrics::counter!(DEVICES_REMOVED, "reason" => reason).absolute(0);
             }
+            metrics::gauge!(
+                BUILD_INFO,
+                "version" => env!("CARGO_PKG_VERSION"),
+                "profile" => if cfg!(debug_assertions) { "debug" } else { "release" }
+            )
+            .set(1.0);
+            process_collector().describe();
+            process_collector().collect();
             for c in [
+                FIXES_LATE,
+                FIXES_DUPLICATE,
+                STORE_COMMITS,
+                STORE_COMMIT_FAILURES,
+                SUBSCRIBERS_LAGGED,
+                SUBSCRIBER_EVENTS_SENT,
                 HTTP_CONNECTIONS_ACCEPTED,
                 HTTP_CONNECTIONS_EVICTED,
                 HTTP_CONNECTIONS_REFUSED,
@@ -292,6 +340,10 @@ pub fn install() -> PrometheusHandle {
 }
 
 fn describe() {
+    describe_gauge!(
+        BUILD_INFO,
+        "Always 1: the binary's version and build profile as labels."
+    );
     describe_counter!(FIXES_RECEIVED, "Fixes received, by transport.");
     describe_counter!(FIXES_REJECTED, "Fixes rejected, by reason.");
     describe_counter!(FIXES_LATE, "Late fixes: counted, not applied.");
@@ -317,7 +369,7 @@ fn describe() {
     describe_histogram!(
         INGEST_TO_EVENT_SECONDS,
         Unit::Seconds,
-        "From a batch's arrival to publication of the events it caused."
+        "Per event, to its publication: for an ENTER or EXIT from the arrival of the fix that decided it (its wait in the reorder buffer included); for a DWELL from the arrival of the batch whose step fired it or, fired by time alone, from the moment the watermark passed its deadline (live: wall clock at deadline + lateness). One process; a cluster node records none."
     );
     describe_gauge!(
         WATERMARK_LAG_SECONDS,

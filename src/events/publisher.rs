@@ -72,8 +72,9 @@ pub struct Step {
     pub reply: Option<(oneshot::Sender<StepReply>, Vec<FixOutcome>)>,
     /// Fence writes wait too.
     pub ack: Option<oneshot::Sender<Result<(), PublishError>>>,
-    /// When the batch behind this step arrived (ingest-to-event latency).
-    pub arrived: Option<Instant>,
+    /// Per event, in order: when what caused it happened, for the ingest-to-event latency (the
+    /// arrival of the fix that decided it, or the moment the watermark passed its time).
+    pub causes: Vec<Instant>,
     /// The request this step is a part of: (request id, number of parts).
     pub request: Option<(u64, u32)>,
     /// The largest fix `ts` in this step (the persisted event-mode watermark source).
@@ -211,7 +212,7 @@ struct Uncommitted {
     events: Vec<LoggedEvent>,
     replies: Vec<(oneshot::Sender<StepReply>, Vec<FixOutcome>)>,
     acks: Vec<oneshot::Sender<Result<(), PublishError>>>,
-    arrived: Vec<Instant>,
+    causes: Vec<Instant>,
     watermark: Option<Ts>,
     /// Largest fix ts among committed and pending steps (never reset: it only grows).
     max_seen: Option<i64>,
@@ -344,9 +345,7 @@ async fn run(
             }
             p.replies.extend(s.reply);
             p.acks.extend(s.ack);
-            if !p.events.is_empty() {
-                p.arrived.extend(s.arrived);
-            }
+            p.causes.extend(s.causes);
         }
         let due = match (&cfg.store, cfg.policy) {
             (Some(_), CommitPolicy::Interval(every)) => last_commit.elapsed() >= every,
@@ -462,8 +461,10 @@ fn commit(
         // Unreachable: this task is the log's only writer and stamps seqs from its next_seq.
         tracing::error!(error = %e, "events committed but not published to the log");
     }
-    for a in p.arrived.drain(..) {
-        histogram!(t::INGEST_TO_EVENT_SECONDS).record(a.elapsed().as_secs_f64());
+    let now = Instant::now();
+    for c in p.causes.drain(..) {
+        histogram!(t::INGEST_TO_EVENT_SECONDS)
+            .record(now.saturating_duration_since(c).as_secs_f64());
     }
     for (tx, outcomes) in p.replies.drain(..) {
         let _ = tx.send(Ok(outcomes));

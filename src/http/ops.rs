@@ -80,6 +80,7 @@ pub enum NotReadyStatus {
         crate::http::auth::Refused,
     ))]
 pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    t::collect_process();
     metrics::gauge!(t::EVENT_LOG_EVENTS).set(st.log().len() as f64);
     if let Some(f) = st.store_file() {
         metrics::gauge!(t::STORE_LOG_BYTES)

@@ -329,10 +329,12 @@ fn handle(engine: &mut Engine, msg: ShardMsg, out: &mut Vec<Event>, ctx: &mut Ct
                 ctx.seq += 1;
                 (ctx.id as u16, ctx.seq, rec)
             });
+            engine.set_arrival(ctx.shared.watermark.wall().stamp_of(arrived));
             let outcomes = fixes
                 .into_iter()
                 .map(|s| (s.index, engine.ingest(&s.fix, s.w, out)))
                 .collect();
+            engine.set_arrival(0);
             Handled {
                 waiting: Some(Waiting {
                     reply,
@@ -493,18 +495,36 @@ async fn publish(ctx: &Ctx, engine: &mut Engine, out: &mut Vec<Event>, h: Handle
         ),
         None => (None, None, None, None),
     };
+    let events = std::mem::take(out);
+    let causes = events.iter().map(|e| cause(ctx, e, arrived)).collect();
     let step = Step {
-        events: std::mem::take(out),
+        events,
+        causes,
         input,
         watermark: engine.watermark(),
         reply,
-        arrived,
         request,
         max_ts: max_ts.max(step_max_ts),
         ack,
         ..Step::default()
     };
     ctx.shared.publisher.send(step).await.is_ok()
+}
+
+/// When what made `e` happened, for the ingest-to-event latency: the arrival of the fix that
+/// decided it (an ENTER or EXIT carries it, however long the fix waited in the reorder
+/// buffer); else the moment the watermark passed its time: live, the wall clock at
+/// `at + lateness`; event, the arrival of the batch whose step made it (its stamp moved the
+/// watermark) or, in a step of its own, when the published watermark last moved.
+fn cause(ctx: &Ctx, e: &Event, batch: Option<Instant>) -> Instant {
+    let wm = &ctx.shared.watermark;
+    if let Some(at) = wm.wall().instant_of(e.arrived) {
+        return at;
+    }
+    match ctx.clock {
+        ClockMode::Live => wm.wall().instant_at(e.at.plus(wm.lateness())),
+        ClockMode::Event => batch.unwrap_or_else(|| wm.moved_at()),
+    }
 }
 
 fn report(engine: &Engine, label: &str) {

@@ -279,7 +279,6 @@ async fn batches_beyond_the_memory_budget_get_503_and_memory_stays_bounded() {
         &[
             ("GEODWELL_MAX_QUEUED_BYTES", &budget.to_string()),
             ("GEODWELL_DURABILITY", "none"),
-            ("GEODWELL_HEADER_TIMEOUT", "1s"),
         ],
     );
     let pid = child.id();

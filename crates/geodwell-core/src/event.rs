@@ -164,6 +164,11 @@ pub struct Event {
     /// ENTER and EXIT: the deciding fix's accuracy in metres, when it reported one.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub accuracy: Option<f64>,
+    /// ENTER and EXIT: the arrival stamp the shell gave the deciding fix
+    /// ([`crate::engine::Engine::set_arrival`]; 0 = unknown). Not part of the event's content:
+    /// never serialized, never in the id; the shell measures ingest-to-event latency with it.
+    #[serde(skip)]
+    pub arrived: u64,
 }
 
 impl Event {
@@ -190,6 +195,7 @@ impl Event {
             lat: None,
             lon: None,
             accuracy: None,
+            arrived: 0,
         }
     }
 
@@ -217,6 +223,7 @@ impl Event {
             lat: None,
             lon: None,
             accuracy: None,
+            arrived: 0,
         }
     }
 
@@ -265,6 +272,7 @@ impl Event {
             lat: None,
             lon: None,
             accuracy: None,
+            arrived: 0,
         }
     }
 }

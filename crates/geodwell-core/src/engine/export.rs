@@ -85,6 +85,7 @@ impl Engine {
                 .buffer
                 .iter()
                 .map(|&(ts, lat, lon, accuracy)| Buffered {
+                    arrived: 0,
                     ts: Ts(ts),
                     lat,
                     lon,

@@ -48,6 +48,7 @@ impl Engine {
             lat: fix.lat,
             lon: fix.lon,
             accuracy: fix.accuracy,
+            arrived: self.arrival,
         };
         if fix.ts <= w && !self.reorders.contains_key(&d) {
             // Nothing waits and the fix is not ahead of W: apply it without buffering it.
@@ -245,7 +246,11 @@ pub(super) fn to_event(
     };
     let e = e.named(fence.name.as_ref());
     match fix {
-        Some(b) => e.at_fix(b.lat, b.lon, b.accuracy),
+        Some(b) => {
+            let mut e = e.at_fix(b.lat, b.lon, b.accuracy);
+            e.arrived = b.arrived;
+            e
+        }
         None => e,
     }
 }

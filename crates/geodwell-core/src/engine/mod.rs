@@ -278,6 +278,8 @@ pub struct Engine {
     frozen_removed: Vec<Arc<str>>,
     /// Where the next idle sweep resumes (a device slot).
     idle_cursor: u32,
+    /// The arrival stamp given to the fixes ingested next ([`Engine::set_arrival`]).
+    arrival: u64,
     /// Every device's id, addressed by `Device::id`.
     ids: IdArena,
     device_ids: DeviceIds,
@@ -333,6 +335,7 @@ impl Engine {
             removed: Vec::new(),
             frozen_removed: Vec::new(),
             idle_cursor: 0,
+            arrival: 0,
             ids: IdArena::default(),
             device_ids: DeviceIds::default(),
             reorders: Reorders::default(),
@@ -355,6 +358,14 @@ impl Engine {
             frozen_bits: Vec::new(),
             copied: Vec::new(),
         }
+    }
+
+    /// Stamps the fixes ingested from now on with `token`, an opaque arrival time of the
+    /// shell's (0 = unknown), which the ENTER and EXIT they decide carry in
+    /// [`Event::arrived`](crate::event::Event::arrived), however long they wait in the reorder
+    /// buffer. It changes nothing the engine decides or emits; a replay leaves it at 0.
+    pub fn set_arrival(&mut self, token: u64) {
+        self.arrival = token;
     }
 
     /// Starts a step: until [`Engine::end_step`], every advance together (those inside

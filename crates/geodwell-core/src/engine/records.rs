@@ -122,6 +122,9 @@ pub(super) struct Buffered {
     pub lat: f64,
     pub lon: f64,
     pub accuracy: Option<f64>,
+    /// The shell's arrival stamp ([`Engine::set_arrival`]); 0 = unknown. Carried to the events
+    /// the fix decides; changes nothing they say.
+    pub arrived: u64,
 }
 
 impl Buffered {
