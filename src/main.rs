@@ -18,10 +18,17 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run the service.
+    #[command(
+        after_help = "Every setting of the configuration file (docs in config/geodwell.toml) can also be set \
+by an environment variable GEODWELL_<KEY>, e.g. GEODWELL_MAX_BATCH=5000 or GEODWELL_API_KEYS. \
+Precedence: flags > environment > --config file > embedded defaults. \
+`geodwell check-config FILE` validates a file and reports every error at once."
+    )]
     Serve(ServeArgs),
     /// Validate a configuration file (and the fences it preloads) and report every error at once.
     CheckConfig {
-        /// The configuration file to check.
+        /// The configuration file to check (TOML, as config/geodwell.toml).
+        #[arg(value_name = "CONFIG_FILE")]
         file: PathBuf,
     },
     /// Drive a simulated fleet against a running server and report rates and latency.
@@ -40,30 +47,33 @@ struct ServeArgs {
     /// resolve against its directory.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Address to bind, e.g. 127.0.0.1:7878 (server.listen).
+    /// Address to bind (server.listen) [default: 127.0.0.1:7878] [env: GEODWELL_LISTEN]
     #[arg(long)]
     listen: Option<SocketAddr>,
-    /// Directory for persistent state (server.data_dir).
+    /// Directory for persistent state (server.data_dir) [default: data] [env:
+    /// GEODWELL_DATA_DIR]
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// Watermark mode: live (wall clock) or event (data) (time.clock).
+    /// Watermark mode: live (wall clock) or event (data) (time.clock) [default: live] [env:
+    /// GEODWELL_CLOCK]
     #[arg(long)]
     clock: Option<ClockMode>,
-    /// Allowed arrival disorder, e.g. 2s (time.lateness).
+    /// Allowed arrival disorder (time.lateness) [default: 2s] [env: GEODWELL_LATENESS]
     #[arg(long)]
     lateness: Option<String>,
-    /// Engine shards, 0 = one per core (server.shards).
+    /// Engine shards, 0 = one per core (server.shards) [default: 0] [env: GEODWELL_SHARDS]
     #[arg(long)]
     shards: Option<usize>,
     /// Fences that seed an empty store: a GeoJSON file, "builtin:samples", or "" for none
-    /// (fences.fences_file).
+    /// (fences.fences_file) [default: builtin:samples] [env: GEODWELL_FENCES_FILE]
     #[arg(long)]
     fences_file: Option<String>,
     /// Run as a cluster node on NATS JetStream: the servers' URLs, comma-separated
-    /// (cluster.nats_urls; docs/cluster.md).
+    /// (cluster.nats_urls; docs/cluster.md) [default: none, one process] [env:
+    /// GEODWELL_NATS_URLS]
     #[arg(long, value_name = "URL[,URL...]")]
     nats: Option<String>,
-    /// This node's id in the cluster (cluster.node_id).
+    /// This node's id in the cluster (cluster.node_id) [env: GEODWELL_NODE_ID]
     #[arg(long, value_name = "ID")]
     node: Option<String>,
 }

@@ -3,6 +3,13 @@
 import { eventRow } from './feed.js';
 import { el, fmtTime, fmtValue } from './util.js';
 
+// A radius for people: whole metres below 10 km, else km with one decimal.
+function metres(m) {
+  const v = Number(m);
+  if (!Number.isFinite(v)) return `${m} m`;
+  return v < 10000 ? `${Math.round(v)} m` : `${(v / 1000).toFixed(1)} km`;
+}
+
 /** Fence rows rendered at once; the filter box narrows a longer list. */
 export const MAX_LISTED_FENCES = 500;
 
@@ -59,7 +66,7 @@ export class FenceList {
         ...(dwell.length
           ? dwell.map((d) => el('span', { class: 'chip', title: 'dwell threshold', text: `dwell ${d}` }))
           : [el('span', { class: 'chip', text: 'no dwell thresholds' })]),
-        p.radius_m !== undefined ? el('span', { class: 'chip', text: `circle ${p.radius_m} m` }) : null));
+        p.radius_m !== undefined ? el('span', { class: 'chip', text: `circle ${metres(p.radius_m)}` }) : null));
     // Colours go through the CSSOM: the page's CSP forbids inline style attributes.
     const sw = li.querySelector('.swatch');
     sw.style.borderColor = f.colour;
@@ -147,7 +154,7 @@ export class Details {
     }
     const p = fence.feature.properties || {};
     const g = fence.feature.geometry || {};
-    const shape = g.type === 'Point' ? `circle, radius ${p.radius_m} m` : g.type;
+    const shape = g.type === 'Point' ? `circle, radius ${metres(p.radius_m)}` : g.type;
     this.show('fence', id,
       kv([
         ['name', p.name],

@@ -155,6 +155,11 @@ pub async fn require(State(st): State<Arc<AppState>>, mut req: Request, next: Ne
                 AuthError::Forbidden { .. } => "forbidden",
             };
             metrics::counter!(t::AUTH_FAILURES, "reason" => reason).increment(1);
+            if matches!(e, AuthError::Missing)
+                && let Some(hint) = route.as_deref().and_then(tracker_hint)
+            {
+                return Refused::Unauthorized(ErrorBody::new("unauthorized", hint)).into_response();
+            }
             return refusal(e);
         }
     }
@@ -190,6 +195,21 @@ impl IntoResponse for Refused {
                 .into_response(),
             Refused::Forbidden(body) => (StatusCode::FORBIDDEN, Json(body)).into_response(),
         }
+    }
+}
+
+/// What a tracker app can do about a missing key: the apps cannot all set headers.
+fn tracker_hint(route: &str) -> Option<String> {
+    match route {
+        "/v1/trackers/osmand" => Some(
+            "this endpoint needs an API key with the ingest scope: Traccar Client and OsmAnd cannot set headers, so put it in the server URL as `?access_token=<key>` (e.g. http://host:7878/v1/trackers/osmand?access_token=KEY)"
+                .to_string(),
+        ),
+        "/v1/trackers/owntracks" => Some(
+            "this endpoint needs an API key with the ingest scope: in OwnTracks, turn on authentication and enter the key as the password (any user name), or add `?access_token=<key>` to the URL"
+                .to_string(),
+        ),
+        _ => None,
     }
 }
 

@@ -102,7 +102,6 @@ impl CheckReport {
 
 impl fmt::Display for CheckReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let opt = |v: Option<i64>| v.map_or_else(|| "none".to_string(), |v| v.to_string());
         writeln!(
             f,
             "store:          {} ({} bytes)",
@@ -113,8 +112,14 @@ impl fmt::Display for CheckReport {
         if self.repaired {
             writeln!(f, "repaired:       yes (the store was not closed cleanly)")?;
         }
-        writeln!(f, "watermark:      {}", opt(self.watermark))?;
-        writeln!(f, "max_seen:       {}", opt(self.max_seen))?;
+        let time = |v: Option<i64>| {
+            v.map_or_else(
+                || "none".to_string(),
+                |ms| format!("{} ({ms} ms)", geodwell_core::time::Ts(ms)),
+            )
+        };
+        writeln!(f, "watermark:      {}", time(self.watermark))?;
+        writeln!(f, "max_seen:       {}", time(self.max_seen))?;
         writeln!(f, "next_seq:       {}", self.next_seq)?;
         writeln!(
             f,

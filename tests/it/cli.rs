@@ -98,3 +98,30 @@ fn check_config_reports_every_error() {
         String::from_utf8_lossy(&good.stderr)
     );
 }
+
+#[test]
+fn serve_help_shows_each_flags_default_and_environment_variable() {
+    let out = std::process::Command::new(BIN)
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "[default: 127.0.0.1:7878]",
+        "[env: GEODWELL_LISTEN]",
+        "[default: live]",
+        "[env: GEODWELL_LATENESS]",
+        "GEODWELL_<KEY>",
+    ] {
+        assert!(
+            help.contains(want),
+            "{want} missing from serve --help:\n{help}"
+        );
+    }
+    let out = std::process::Command::new(BIN)
+        .args(["check-config", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("CONFIG_FILE"), "{help}");
+}

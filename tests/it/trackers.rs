@@ -671,7 +671,11 @@ async fn with_api_keys_trackers_authenticate_the_way_their_apps_can() {
     .await;
     let q = format!("id=keyed&lat={IN_LAT}&lon={IN_LON}&timestamp={S0}");
     // Traccar Client and OsmAnd cannot send headers: the key rides in the configured URL.
-    assert_error(&osmand_get(&srv, &q).await, 401, "unauthorized");
+    let msg = assert_error(&osmand_get(&srv, &q).await, 401, "unauthorized");
+    assert!(
+        msg.contains("?access_token=") && !msg.contains("Authorization"),
+        "the 401 says what a Traccar Client user can do: {msg}"
+    );
     let (s, rep) = osmand_get(&srv, &format!("access_token={INGEST}&{q}")).await;
     assert_eq!((s, rep["accepted"].clone()), (200, json!(1)), "{rep}");
     // OwnTracks sends HTTP basic auth: the password is the key, the username also names the
