@@ -214,25 +214,66 @@ fn real_main() -> anyhow::Result<()> {
             if let Some(v) = args.node {
                 cli.push(("node_id", "--node", v));
             }
-            let cfg = load(args.config.as_ref(), cli)?;
+            let cfg = load(args.config.as_ref(), cli.clone())?;
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;
-            rt.block_on(serve(cfg))
+            // A reload reads the same sources again: the file, the environment, the flags.
+            let config = args.config.clone();
+            rt.block_on(serve(cfg, move || load(config.as_ref(), cli.clone())))
         }
     }
 }
 
-async fn serve(cfg: Config) -> anyhow::Result<()> {
+async fn serve(cfg: Config, reload: impl Fn() -> anyhow::Result<Config>) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("cannot bind {}", cfg.listen))?;
     let grace = std::time::Duration::from_millis(cfg.shutdown_grace.millis().max(0) as u64);
     let service = geodwell::Service::spawn(cfg, listener).await?;
-    wait_for_signal().await;
+    let stop = wait_for_signal();
+    tokio::pin!(stop);
+    let mut hup = Hangups::new();
+    loop {
+        tokio::select! {
+            _ = &mut stop => break,
+            _ = hup.next() => match reload() {
+                // Only the API keys take effect without a restart (docs/security.md).
+                Ok(new) => {
+                    let n = service.reload_keys(new.api_keys);
+                    tracing::info!(keys = n, "SIGHUP: configuration reloaded; API keys replaced");
+                }
+                Err(e) => tracing::error!("SIGHUP: the configuration is not valid; keeping the running one:\n{e:#}"),
+            },
+        }
+    }
     tracing::info!("shutdown signal received; draining");
     service.shutdown(grace).await?;
     Ok(())
+}
+
+/// SIGHUPs, from the moment it is made (none where there are no such signals).
+struct Hangups {
+    #[cfg(unix)]
+    inner: Option<tokio::signal::unix::Signal>,
+}
+
+impl Hangups {
+    fn new() -> Hangups {
+        Hangups {
+            #[cfg(unix)]
+            inner: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok(),
+        }
+    }
+
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        if let Some(s) = self.inner.as_mut() {
+            s.recv().await;
+            return;
+        }
+        std::future::pending::<()>().await
+    }
 }
 
 async fn wait_for_signal() {

@@ -346,6 +346,14 @@ impl Service {
         self.addr
     }
 
+    /// Replaces the API keys (SIGHUP reload): requests from now on are checked against them.
+    /// Returns how many there are now (0: authentication off).
+    pub fn reload_keys(&self, keys: Vec<crate::auth::ApiKey>) -> usize {
+        let n = keys.len();
+        self.state.set_keys(keys);
+        n
+    }
+
     /// The service's router, for in-process requests (`tower::ServiceExt::oneshot`); it serves
     /// the same state as the listener.
     pub fn router(&self) -> axum::Router {

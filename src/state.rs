@@ -23,7 +23,8 @@ use geodwell_core::time::Ts;
 #[derive(Debug)]
 pub struct AppState {
     cfg: Config,
-    auth: Keys,
+    /// Swapped whole on a reload (SIGHUP); a request checks against the set it read.
+    auth: std::sync::RwLock<Arc<Keys>>,
     ingest: Ingest,
     shards: Shards,
     fences: Arc<FenceRegistry>,
@@ -82,7 +83,7 @@ impl AppState {
             store_file: parts.store_file,
             checkpoints: parts.checkpoints,
             cluster: parts.cluster,
-            auth: Keys::new(parts.cfg.api_keys.clone()),
+            auth: std::sync::RwLock::new(Arc::new(Keys::new(parts.cfg.api_keys.clone()))),
             cfg: parts.cfg,
             ingest: parts.ingest,
             shards: parts.shards,
@@ -101,9 +102,15 @@ impl AppState {
         &self.cfg
     }
 
-    /// The API keys (authentication is off when there are none).
-    pub fn keys(&self) -> &Keys {
-        &self.auth
+    /// The API keys now (authentication is off when there are none).
+    pub fn keys(&self) -> Arc<Keys> {
+        self.auth.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Replaces the API keys (a reload): requests from now on are checked against `keys`.
+    pub fn set_keys(&self, keys: Vec<crate::auth::ApiKey>) {
+        let new = Arc::new(Keys::new(keys));
+        *self.auth.write().unwrap_or_else(|p| p.into_inner()) = new;
     }
 
     /// Ingest: the one path every transport's fixes take.

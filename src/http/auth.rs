@@ -148,7 +148,8 @@ pub async fn require(State(st): State<Arc<AppState>>, mut req: Request, next: Ne
     };
     if let Some(need) = need {
         let token = token_of(&req);
-        if let Err(e) = st.keys().check(token.as_deref(), need) {
+        let keys = st.keys();
+        if let Err(e) = keys.check(token.as_deref(), need) {
             let reason = match e {
                 AuthError::Missing => "missing",
                 AuthError::Invalid => "invalid",

@@ -125,3 +125,94 @@ fn serve_help_shows_each_flags_default_and_environment_variable() {
     let help = String::from_utf8_lossy(&out.stdout);
     assert!(help.contains("CONFIG_FILE"), "{help}");
 }
+
+/// SIGHUP reloads the API keys from the configuration file: a key added works without a
+/// restart, a removed one is refused; a file that is not valid keeps the running keys and the
+/// log names every error in it.
+#[test]
+fn sighup_reloads_the_api_keys_and_an_invalid_file_keeps_the_old_ones() {
+    const OLD: &str = "old-read-key-0123456789";
+    const NEW: &str = "new-read-key-0123456789";
+    let dir = temp_dir();
+    let file = dir.path().join("geodwell.toml");
+    let keys = |key: &str| {
+        format!(
+            "[store]\ndurability = \"none\"\n[fences]\nfences_file = \"\"\n[auth]\napi_keys = [\n  {{ name = \"dash\", scopes = [\"read\"], key = \"{key}\" }},\n]\n"
+        )
+    };
+    std::fs::write(&file, keys(OLD)).unwrap();
+    let child = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&file)
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .env("GEODWELL_LOG", "info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("binary starts");
+    let mut child = Proc(child);
+    let (tx, lines) = std::sync::mpsc::channel();
+    let addr = listening_addr(&mut child, Some(tx));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let status = |key: &str| {
+        rt.block_on(async {
+            reqwest::Client::new()
+                .get(format!("http://{addr}/v1/events"))
+                .bearer_auth(key)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        })
+    };
+    let hup = || {
+        let ok = Command::new("kill")
+            .args(["-HUP", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    };
+    let until = |key: &str, want: u16| {
+        let t = Instant::now();
+        while status(key) != want {
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "{key} never got {want}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    assert_eq!((status(OLD), status(NEW)), (200, 401));
+    std::fs::write(&file, keys(NEW)).unwrap();
+    hup();
+    until(NEW, 200);
+    assert_eq!(status(OLD), 401, "the removed key is refused");
+    // Not valid: a scope that does not exist and a key too short, both reported; NEW stays.
+    std::fs::write(
+        &file,
+        "[auth]\napi_keys = [\n  { name = \"a\", scopes = [\"wizard\"], key = \"short\" },\n]\n",
+    )
+    .unwrap();
+    hup();
+    let t = Instant::now();
+    let mut log = String::new();
+    while !(log.contains("wizard") && log.contains("at least 16 characters")) {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "no reload error logged:\n{log}"
+        );
+        if let Ok(l) = lines.recv_timeout(Duration::from_millis(100)) {
+            log.push_str(&l);
+            log.push('\n');
+        }
+    }
+    assert!(log.contains("keeping the running one"), "{log}");
+    assert_eq!(
+        (status(NEW), status(OLD)),
+        (200, 401),
+        "the running keys stay"
+    );
+    drop(child);
+}
