@@ -237,14 +237,21 @@ async fn serve(cfg: Config, reload: impl Fn() -> anyhow::Result<Config>) -> anyh
     loop {
         tokio::select! {
             _ = &mut stop => break,
-            _ = hup.next() => match reload() {
-                // Only the API keys take effect without a restart (docs/security.md).
-                Ok(new) => {
-                    let n = service.reload_keys(new.api_keys);
-                    tracing::info!(keys = n, "SIGHUP: configuration reloaded; API keys replaced");
+            _ = hup.next() => {
+                // Only the API keys and the TLS certificate take effect without a restart.
+                match reload() {
+                    Ok(new) => {
+                        let n = service.reload_keys(new.api_keys);
+                        tracing::info!(keys = n, "SIGHUP: configuration reloaded; API keys replaced");
+                    }
+                    Err(e) => tracing::error!("SIGHUP: the configuration is not valid; keeping the running one:\n{e:#}"),
                 }
-                Err(e) => tracing::error!("SIGHUP: the configuration is not valid; keeping the running one:\n{e:#}"),
-            },
+                match service.reload_tls() {
+                    Ok(true) => tracing::info!("SIGHUP: TLS certificate and key read again"),
+                    Ok(false) => {}
+                    Err(e) => tracing::error!(error = %e, "SIGHUP: TLS certificate not usable; keeping the running one"),
+                }
+            }
         }
     }
     tracing::info!("shutdown signal received; draining");

@@ -57,6 +57,9 @@ pub enum ServiceError {
     /// The warm start task panicked or was cancelled.
     #[error("the warm start did not finish: {0}")]
     Join(String),
+    /// The TLS certificate or key cannot be used.
+    #[error("TLS")]
+    Tls(#[source] crate::http::tls::TlsError),
     /// The cluster node could not start (NATS unreachable, or its streams not usable).
     #[error("cluster")]
     Cluster(#[source] crate::cluster::NatsError),
@@ -67,6 +70,7 @@ pub enum ServiceError {
 pub struct Service {
     addr: SocketAddr,
     state: Arc<AppState>,
+    tls: Option<Arc<crate::http::tls::Tls>>,
     trigger: CancellationToken,
     deadline: Arc<Mutex<Option<Instant>>>,
     task: JoinHandle<Result<(), ServiceError>>,
@@ -77,8 +81,15 @@ impl Service {
     /// warm start is done and the server accepts requests; a start that fails returns its error
     /// and leaves nothing running.
     pub async fn spawn(cfg: Config, listener: TcpListener) -> Result<Service, ServiceError> {
+        // Before anything is opened: a certificate that cannot be used stops the start.
+        let tls = match (&cfg.tls_cert, &cfg.tls_key) {
+            (Some(c), Some(k)) => Some(Arc::new(
+                crate::http::tls::Tls::load(c, k).map_err(ServiceError::Tls)?,
+            )),
+            _ => None,
+        };
         if cfg.cluster.is_some() {
-            return Service::spawn_cluster(cfg, listener).await;
+            return Service::spawn_cluster(cfg, listener, tls).await;
         }
         let addr = listener.local_addr()?;
         let metrics = telemetry::install();
@@ -236,7 +247,7 @@ impl Service {
             cluster: None,
             cfg: cfg.clone(),
         }));
-        tracing::info!(%addr, shards = cfg.shards, clock = %cfg.clock, lateness = %cfg.lateness, durability = %cfg.durability, fences = fences.len(), "geodwell listening");
+        tracing::info!(%addr, tls = cfg.tls_cert.is_some(), shards = cfg.shards, clock = %cfg.clock, lateness = %cfg.lateness, durability = %cfg.durability, fences = fences.len(), "geodwell listening");
         warn_if_open(&cfg, addr);
         let deadline = Arc::new(Mutex::new(None));
         let stopping = Stopping {
@@ -256,12 +267,16 @@ impl Service {
                 abort,
             }),
         };
-        Ok(launch(&cfg, listener, addr, stopping, max_connections))
+        Ok(launch(&cfg, listener, addr, stopping, max_connections, tls))
     }
 
     /// A cluster node (`[cluster]` set): the engines are the cluster's partitions, reached
     /// through NATS; fences, events and checkpoints live there (docs/cluster.md).
-    async fn spawn_cluster(cfg: Config, listener: TcpListener) -> Result<Service, ServiceError> {
+    async fn spawn_cluster(
+        cfg: Config,
+        listener: TcpListener,
+        tls: Option<Arc<crate::http::tls::Tls>>,
+    ) -> Result<Service, ServiceError> {
         let addr = listener.local_addr()?;
         let metrics = telemetry::install();
         let wall = WallClock::start();
@@ -321,7 +336,7 @@ impl Service {
             cluster: Some(node.clone()),
             cfg: cfg.clone(),
         }));
-        tracing::info!(%addr, node = node.node_id(), clock = %cfg.clock, lateness = %cfg.lateness, "geodwell listening (cluster node)");
+        tracing::info!(%addr, tls = cfg.tls_cert.is_some(), node = node.node_id(), clock = %cfg.clock, lateness = %cfg.lateness, "geodwell listening (cluster node)");
         warn_if_open(&cfg, addr);
         let deadline = Arc::new(Mutex::new(None));
         let stopping = Stopping {
@@ -332,7 +347,7 @@ impl Service {
             webhooks,
             backend: Backend::Cluster(node),
         };
-        Ok(launch(&cfg, listener, addr, stopping, max_connections))
+        Ok(launch(&cfg, listener, addr, stopping, max_connections, tls))
     }
 
     /// Binds `cfg.listen` (port 0: an ephemeral port) and spawns the service on it.
@@ -352,6 +367,15 @@ impl Service {
         let n = keys.len();
         self.state.set_keys(keys);
         n
+    }
+
+    /// Reads the TLS certificate and key again (SIGHUP): new connections use them. `Ok(false)`
+    /// without TLS; an error changes nothing.
+    pub fn reload_tls(&self) -> Result<bool, crate::http::tls::TlsError> {
+        match &self.tls {
+            Some(t) => t.reload().map(|()| true),
+            None => Ok(false),
+        }
     }
 
     /// The service's router, for in-process requests (`tower::ServiceExt::oneshot`); it serves
@@ -468,12 +492,14 @@ async fn serve(
     listener: TcpListener,
     router: axum::Router,
     limits: ServerLimits,
+    tls: Option<Arc<crate::http::tls::Tls>>,
     s: Stopping,
 ) -> Result<(), ServiceError> {
     let mut server = Box::pin(crate::http::server::serve(
         listener,
         router,
         limits,
+        tls,
         s.trigger.clone(),
     ));
     let mut served = tokio::select! {
@@ -663,6 +689,7 @@ fn launch(
     addr: SocketAddr,
     stopping: Stopping,
     max_connections: usize,
+    tls: Option<Arc<crate::http::tls::Tls>>,
 ) -> Service {
     let (state, trigger, deadline) = (
         stopping.state.clone(),
@@ -675,10 +702,17 @@ fn launch(
         header_timeout: millis(cfg.header_timeout),
         write_timeout: millis(cfg.write_timeout),
     };
-    let task = tokio::spawn(serve(listener, router, server_limits, stopping));
+    let task = tokio::spawn(serve(
+        listener,
+        router,
+        server_limits,
+        tls.clone(),
+        stopping,
+    ));
     Service {
         addr,
         state,
+        tls,
         trigger,
         deadline,
         task,

@@ -206,6 +206,8 @@ impl Config {
             write_timeout: b.dur("write_timeout"),
             cors_origins: b.origins("cors_origins"),
             allow_private_targets: b.bool("allow_private_targets"),
+            tls_cert: b.opt_path("tls_cert"),
+            tls_key: b.opt_path("tls_key"),
             clock: b.clock("clock"),
             lateness: b.dur("lateness"),
             max_future: b.dur("max_future"),
@@ -247,6 +249,12 @@ impl Config {
         }
         if cfg.tick > Dur::from_mins(1) {
             b.issues.push(issue("time.tick", "must be at most 60s"));
+        }
+        if cfg.tls_cert.is_some() != cfg.tls_key.is_some() {
+            b.issues.push(issue(
+                "server.tls_cert",
+                "server.tls_cert and server.tls_key go together: set both (TLS) or neither",
+            ));
         }
         cfg.cluster = cluster(&mut b);
         let (webhooks, webhook_issues) = super::webhooks::from_config(webhooks_raw.as_ref());

@@ -78,6 +78,10 @@ pub struct Config {
     /// Whether webhook targets may be loopback, private, link-local or otherwise non-public
     /// addresses.
     pub allow_private_targets: bool,
+    /// TLS certificate chain (PEM); with `tls_key`, the server speaks HTTPS only.
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM).
+    pub tls_key: Option<PathBuf>,
     /// Watermark mode.
     pub clock: ClockMode,
     /// Allowed arrival disorder.

@@ -69,6 +69,8 @@ pub(super) const SCHEMA: &[(&str, &str, Kind)] = &[
     ("server", "write_timeout", Kind::Duration { zero_ok: false }),
     ("server", "cors_origins", Kind::Origins),
     ("server", "allow_private_targets", Kind::Bool),
+    ("server", "tls_cert", Kind::OptText),
+    ("server", "tls_key", Kind::OptText),
     ("devices", "idle_ttl", Kind::Duration { zero_ok: true }),
     ("time", "clock", Kind::Clock),
     ("time", "lateness", Kind::Duration { zero_ok: true }),
@@ -671,6 +673,19 @@ impl Builder<'_> {
                 self.fail(name, "must not be empty".into());
                 None
             }
+            Val::Str(s) => Some(self.resolve(key, PathBuf::from(s))),
+            Val::Int(i) => {
+                self.fail(name, format!("expected a path string, got {i}"));
+                None
+            }
+        }
+    }
+
+    /// An optional file: `""` = none; a relative path resolves like every other path.
+    pub(super) fn opt_path(&mut self, key: &str) -> Option<PathBuf> {
+        let (name, v, _) = self.get(key)?;
+        match v {
+            Val::Str(s) if s.is_empty() => None,
             Val::Str(s) => Some(self.resolve(key, PathBuf::from(s))),
             Val::Int(i) => {
                 self.fail(name, format!("expected a path string, got {i}"));

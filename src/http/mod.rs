@@ -18,6 +18,7 @@ pub mod origin;
 pub mod query;
 pub mod server;
 pub mod stream;
+pub mod tls;
 pub mod trackers;
 pub mod ui;
 pub mod visits;

@@ -55,11 +55,12 @@ pub struct ServerLimits {
 }
 
 /// Serves `router` on `listener` within `limits` until `shutdown` is cancelled and every
-/// connection has closed (see the module docs).
+/// connection has closed (see the module docs); over TLS when `tls` is given.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     limits: ServerLimits,
+    tls: Option<Arc<super::tls::Tls>>,
     shutdown: CancellationToken,
 ) {
     let open = Arc::new(AtomicUsize::new(0));
@@ -114,8 +115,23 @@ pub async fn serve(
         let registry = http.clone();
         let router = router.clone();
         let header_timeout = limits.header_timeout;
+        let acceptor = tls.as_ref().map(|t| t.acceptor());
         conns.spawn(async move {
-            serve_connection(io, router, header_timeout, ctl).await;
+            match acceptor {
+                None => serve_connection(io, router, header_timeout, ctl).await,
+                Some(acceptor) => {
+                    // The handshake is bounded like a request head, in this task.
+                    match tokio::time::timeout(header_timeout, acceptor.accept(io)).await {
+                        Ok(Ok(stream)) => {
+                            serve_connection(stream, router, header_timeout, ctl).await
+                        }
+                        Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                        Err(_) => {
+                            counter!(t::HTTP_TIMEOUTS, "kind" => "header").increment(1);
+                        }
+                    }
+                }
+            }
             registry
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -207,7 +223,10 @@ impl http_body::Body for Counted {
 
 /// Serves one connection until it ends: gracefully (after the current answer) once
 /// `ctl.close` is cancelled, at once once `ctl.kill` is.
-async fn serve_connection(io: Conn, router: Router, header_timeout: Duration, ctl: Arc<ConnCtl>) {
+async fn serve_connection<I>(io: I, router: Router, header_timeout: Duration, ctl: Arc<ConnCtl>)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let counting = ctl.clone();
     let service = TowerToHyperService::new(tower::service_fn(move |req: Request<Incoming>| {
         let in_flight = InFlight::enter(&counting);

@@ -216,3 +216,208 @@ fn sighup_reloads_the_api_keys_and_an_invalid_file_keeps_the_old_ones() {
     );
     drop(child);
 }
+
+/// A certificate for 127.0.0.1 signed by a self-signed CA of its own (openssl): (leaf PEM,
+/// key PEM, CA PEM). webpki, like browsers, takes no end-entity certificate as its own anchor.
+fn self_signed(
+    dir: &std::path::Path,
+    name: &str,
+) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    let p = |ext: &str| dir.join(format!("{name}.{ext}"));
+    let run = |args: &[&str]| {
+        let ok = Command::new("openssl")
+            .args(args)
+            .stderr(Stdio::null())
+            .stdout(Stdio::null())
+            .status()
+            .expect("openssl runs");
+        assert!(ok.success(), "openssl {args:?}");
+    };
+    let s = |x: std::path::PathBuf| x.display().to_string();
+    std::fs::write(
+        p("ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=critical,CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    let ca_subj = format!("/CN={name}-ca");
+    let mut ca = vec!["req", "-x509", "-days", "2", "-subj", &ca_subj];
+    ca.extend(ec);
+    let (ca_key, ca_crt) = (s(p("ca.key")), s(p("ca.crt")));
+    ca.extend(["-keyout", &ca_key, "-out", &ca_crt]);
+    run(&ca);
+    let subj = format!("/CN={name}");
+    let mut csr = vec!["req", "-subj", &subj];
+    csr.extend(ec);
+    let (key, csr_path, crt, ext) = (s(p("key")), s(p("csr")), s(p("crt")), s(p("ext")));
+    csr.extend(["-keyout", &key, "-out", &csr_path]);
+    run(&csr);
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        &csr_path,
+        "-CA",
+        &ca_crt,
+        "-CAkey",
+        &ca_key,
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        &ext,
+        "-out",
+        &crt,
+    ]);
+    (p("crt"), p("key"), p("ca.crt"))
+}
+
+/// The DER of the first certificate in a PEM file.
+fn leaf_of(cert: &std::path::Path) -> Vec<u8> {
+    use rustls_pki_types::pem::PemObject;
+    rustls_pki_types::CertificateDer::pem_file_iter(cert)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .to_vec()
+}
+
+/// A TLS client trusting either CA: the server's leaf certificate.
+async fn tls_connect_any(addr: &str, a: &std::path::Path, b: &std::path::Path) -> ((), Vec<u8>) {
+    let both = a.with_extension("both");
+    let text = std::fs::read_to_string(a).unwrap() + &std::fs::read_to_string(b).unwrap();
+    std::fs::write(&both, text).unwrap();
+    let (_, leaf) = tls_connect(addr, &both).await;
+    ((), leaf)
+}
+
+/// A TLS client that trusts only the CAs in `cert`; returns the stream and the server's leaf
+/// certificate.
+async fn tls_connect(
+    addr: &str,
+    cert: &std::path::Path,
+) -> (
+    tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    Vec<u8>,
+) {
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls_pki_types::CertificateDer::pem_file_iter(cert).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let stream = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("TLS handshake");
+    let leaf = stream.get_ref().1.peer_certificates().unwrap()[0].to_vec();
+    (stream, leaf)
+}
+
+/// `server.tls_cert` / `server.tls_key`: HTTPS (curl) and WSS (a WebSocket over rustls) with a
+/// self-signed certificate; plain HTTP is not answered; SIGHUP reads a renewed certificate,
+/// which new connections get.
+#[test]
+fn tls_serves_https_and_wss_and_a_renewed_certificate_is_read_on_sighup() {
+    let dir = temp_dir();
+    let (cert, key, ca) = self_signed(dir.path(), "first");
+    let child = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--clock",
+            "event",
+            "--lateness",
+            "0s",
+        ])
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .env("GEODWELL_TLS_CERT", &cert)
+        .env("GEODWELL_TLS_KEY", &key)
+        .env("GEODWELL_LOG", "info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("binary starts");
+    let mut child = Proc(child);
+    let addr = listening_addr(&mut child, None);
+    let curl = |scheme: &str, cacert: &std::path::Path| {
+        Command::new("curl")
+            .args([
+                "-sS",
+                "--max-time",
+                "10",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+            ])
+            .arg("--cacert")
+            .arg(cacert)
+            .arg(format!("{scheme}://{addr}/readyz"))
+            .output()
+            .expect("curl runs")
+    };
+    let out = curl("https", &ca);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "200", "{out:?}");
+    let out = curl("http", &ca);
+    assert_ne!(
+        String::from_utf8_lossy(&out.stdout),
+        "200",
+        "plain HTTP is not served"
+    );
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let (stream, leaf) = tls_connect(&addr, &ca).await;
+        assert_eq!(leaf, leaf_of(&cert));
+        let (mut ws, resp) =
+            tokio_tungstenite::client_async(format!("wss://{addr}/v1/events/ws"), stream)
+                .await
+                .expect("WebSocket over TLS");
+        assert_eq!(resp.status().as_u16(), 101);
+        ws.close(None).await.ok();
+    });
+
+    // Renewed in place, then SIGHUP: the next connection gets the new certificate.
+    let (cert2, key2, ca2) = self_signed(dir.path(), "second");
+    std::fs::copy(&cert2, &cert).unwrap();
+    std::fs::copy(&key2, &key).unwrap();
+    let ok = Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let second = leaf_of(&cert2);
+    let t = Instant::now();
+    rt.block_on(async {
+        loop {
+            let (_, leaf) = tls_connect_any(&addr, &ca, &ca2).await;
+            if leaf == second {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "the renewed certificate was never served"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    drop(child);
+}
