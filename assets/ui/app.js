@@ -289,7 +289,9 @@ window.__geodwell = {
 every('fences', FENCE_POLL_MS, loadFences);
 every('devices', DEVICE_POLL_MS, scanDevices);
 every('status', STATUS_POLL_MS, loadStatus, { open: true });
+// Open: with nothing selected it makes no request, so its success says nothing about the key
+// (counted as proof of one, it cleared the "needs an API key" banner it had not earned).
 every('details', DETAILS_POLL_MS, async () => {
   if (state.selection?.kind === 'device') await renderDetails();
-});
+}, { open: true });
 stream.start();
