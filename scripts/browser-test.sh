@@ -8,8 +8,10 @@
 # Needs node >= 20 and npm. Installs Debian's `chromium` with apt-get when /usr/bin/chromium is
 # missing and we are root (CI); otherwise says how. Runs the page twice: without API keys, then
 # with keys on (the page given a read-only key through ?key=). Outputs in target/browser/: map.png
-# and map-auth.png (the screenshots), server-*.log, and map*-failed.png when a check fails. The
-# server is always stopped.
+# and map-auth.png (the screenshots: fences and the selected device's track), map-region.png and
+# map-auth-region.png (zoomed out: the offline base layer's coast and borders, the fence's
+# occupancy panel), server-*.log, and map*-failed.png when a check fails. The server is always
+# stopped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -79,12 +81,12 @@ run_scenario() {
 
 # 1. The default: no API keys.
 run_scenario open
-test -s "$OUT/map.png"
+test -s "$OUT/map.png" && test -s "$OUT/map-region.png"
 # 2. API keys on: the page with a read-only key (in ?key=), the script's API calls with an admin
 #    key. Fresh random keys: nothing here is a real secret.
 ADMIN_KEY="admin-$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')"
 PAGE_KEY="page-$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')"
 run_scenario auth GEODWELL_API_KEYS="browser-test:admin:$ADMIN_KEY,map-page:read:$PAGE_KEY" \
   BROWSER_TEST_ADMIN_KEY="$ADMIN_KEY" BROWSER_TEST_PAGE_KEY="$PAGE_KEY"
-test -s "$OUT/map-auth.png"
-echo "== browser test ok: $OUT/map.png, $OUT/map-auth.png"
+test -s "$OUT/map-auth.png" && test -s "$OUT/map-auth-region.png"
+echo "== browser test ok: $OUT/map.png, $OUT/map-region.png, $OUT/map-auth.png, $OUT/map-auth-region.png"

@@ -74,6 +74,22 @@ export async function getJson(path, params = {}, { signal } = {}) {
   return res.json();
 }
 
+/**
+ * GET one of the page's own static JSON files under /ui/ (the vendored base layer). No key (the
+ * assets are served without one) and the browser's normal cache: the server's ETag turns a
+ * reload into a 304, where getJson's `no-store` would download it again.
+ */
+export async function getAsset(path) {
+  let res;
+  try {
+    res = await fetch(new URL(path, window.location.origin), { headers: { Accept: 'application/json' } });
+  } catch (e) {
+    throw new ApiError(0, 'network', `cannot reach the server: ${e.message}`);
+  }
+  if (!res.ok) throw new ApiError(res.status, `http_${res.status}`, `${path}: HTTP ${res.status}`);
+  return res.json();
+}
+
 /** Opens a WebSocket to `path` on this server with query `params` (null values skipped). */
 export function openSocket(path, params = {}) {
   const url = new URL(path, window.location.origin);

@@ -1,13 +1,16 @@
-// The live map page's entry point: loads the config, then keeps four things current —
-// fences (GET /v1/fences every FENCE_POLL_MS, redrawn only when they changed), devices and the
-// per-fence inside counters (GET /v1/devices, all pages, about every second), the event feed
-// (WebSocket /v1/events/ws), and the header's clock/watermark (GET /readyz) — and wires clicks
-// on fences, devices and feed rows to the details panel.
+// The live map page's entry point: loads the config and the offline base layer, then keeps four
+// things current — fences (GET /v1/fences every FENCE_POLL_MS, redrawn only when they changed),
+// devices, their recent tracks and the per-fence inside counters (GET /v1/devices, all pages,
+// about every second), the event feed (WebSocket /v1/events/ws), and the header's
+// clock/watermark (GET /readyz) — and wires clicks on fences, devices and feed rows to the
+// details panel, which refreshes the selection every DETAILS_POLL_MS (a fence's occupancy from
+// GET /v1/fences/{id} and /devices, a device from GET /v1/devices/{id}).
 
 import { ApiError, getJson, hasKey, initAuth } from './api.js';
 import { EventMemory, EventStream, Feed } from './feed.js';
 import { MAX_DRAWN_DEVICES, MapView } from './map.js';
 import { Details, FenceList } from './panels.js';
+import { Tracks } from './track.js';
 import { fenceColour, fmtTime, sleep, throttle } from './util.js';
 
 const DEVICE_PAGE = 10000; // the largest page GET /v1/devices answers
@@ -17,6 +20,10 @@ const MAX_DEVICES_SCANNED = 200000;
 const FENCE_POLL_MS = 5000;
 const STATUS_POLL_MS = 2000;
 const DETAILS_POLL_MS = 2000;
+/** Page length asked of GET /v1/fences/{id}/devices. */
+const OCCUPANT_PAGE = 1000;
+/** A fence's occupants read per refresh, at most (the details show MAX_SHOWN_OCCUPANTS). */
+const MAX_OCCUPANTS_READ = 2000;
 
 const $ = (id) => document.getElementById(id);
 
@@ -25,11 +32,12 @@ const state = {
   fenceById: new Map(),
   fenceSig: '',
   devices: [],
-  /** fence id -> device ids inside it */
-  insideBy: new Map(),
+  /** fence id -> devices inside it (from the device scan; the list's and labels' counters) */
   counts: new Map(),
   selection: null,
   devicesTruncated: false,
+  /** The last GET /readyz answer: clock and watermark. */
+  status: null,
 };
 
 // ---- banner (errors the operator should see) -------------------------------------------------
@@ -101,6 +109,7 @@ const details = new Details(
   () => select(null, null),
 );
 const memory = new EventMemory();
+const tracks = new Tracks();
 const feed = new Feed($('feed'), $('feed-empty'), $('feed-count'), (kind, id) => select(kind, id, { pan: true }));
 
 // ---- selection and details --------------------------------------------------------------------
@@ -110,6 +119,8 @@ function select(kind, id, { pan = false } = {}) {
   state.selection = kind ? { kind, id } : null;
   mapView.select(kind, id);
   fenceList.select(kind === 'fence' ? id : null);
+  tracks.select(kind === 'device' ? id : null);
+  drawTrack();
   detailsSig = '';
   if (!kind) {
     details.hide();
@@ -122,16 +133,73 @@ function select(kind, id, { pan = false } = {}) {
   renderDetails();
 }
 
-async function renderDetails() {
+/** The selected device's track on the map (none when no device is selected). */
+function drawTrack() {
+  const sel = state.selection;
+  const id = sel?.kind === 'device' ? sel.id : null;
+  mapView.setTrack(id, id === null ? null : tracks.points(id));
+}
+
+/**
+ * What "time inside" is counted to: with the event clock the watermark (event time stands still
+ * while no fixes come), with the live clock now.
+ */
+function timeReference() {
+  const clock = state.status?.clock ?? config.clock ?? 'live';
+  if (clock === 'event') {
+    const w = state.status?.watermark ?? null;
+    return { ms: w ? Date.parse(w) : null, clock, watermark: w };
+  }
+  return { ms: Date.now(), clock, watermark: null };
+}
+
+/** A fence's occupancy: its `inside` count and (up to MAX_OCCUPANTS_READ of) its occupants. */
+async function loadOccupancy(id) {
+  const path = `/v1/fences/${encodeURIComponent(id)}`;
+  const readOccupants = async () => {
+    const list = [];
+    let after = null;
+    do {
+      const page = await getJson(`${path}/devices`, { limit: OCCUPANT_PAGE, after });
+      for (const o of page.devices) list.push(o);
+      after = page.next_after ?? null;
+    } while (after !== null && list.length < MAX_OCCUPANTS_READ);
+    return { list, complete: after === null };
+  };
+  try {
+    const [fence, { list, complete }] = await Promise.all([getJson(path), readOccupants()]);
+    return { missing: false, error: null, fence, inside: fence.inside ?? null, occupants: list, complete };
+  } catch (e) {
+    const missing = e instanceof ApiError && e.status === 404;
+    return { missing, error: missing ? null : `Cannot read the devices inside: ${describe(e)}`,
+      fence: null, inside: null, occupants: [], complete: false };
+  }
+}
+
+/** The last occupancy read, {id, occ}: events re-render with it; the details loop reads anew. */
+let occupancy = null;
+
+/**
+ * Renders the details of the selection. `fetch`: read a fence's occupancy again (a device is
+ * always read: one small request).
+ */
+async function renderDetails({ fetch = true } = {}) {
   const sel = state.selection;
   if (!sel) return;
   if (sel.kind === 'fence') {
-    const inside = state.insideBy.get(sel.id) || [];
+    if (fetch || occupancy?.id !== sel.id) {
+      const occ = await loadOccupancy(sel.id);
+      if (state.selection !== sel) return; // the selection moved on while we waited
+      occupancy = { id: sel.id, occ };
+    }
+    const { occ } = occupancy;
+    const feature = occ.fence ?? state.fenceById.get(sel.id)?.feature;
     const events = memory.recent({ fence: sel.id });
-    const sig = JSON.stringify([sel, state.fenceById.has(sel.id), inside, events.length && events[0].seq, state.fenceSig]);
+    const ref = timeReference();
+    const sig = JSON.stringify([sel, occ, feature, ref, events.length && events[0].seq]);
     if (sig === detailsSig) return;
     detailsSig = sig;
-    details.showFence(sel.id, state.fenceById.get(sel.id), inside, events);
+    details.showFence(sel.id, feature, occ, events, ref);
     return;
   }
   let device = null;
@@ -144,13 +212,18 @@ async function renderDetails() {
       : `Cannot read the device: ${describe(e)}`;
   }
   if (state.selection !== sel) return; // the selection moved on while we waited
+  const pos = device?.last_position;
+  if (pos && tracks.add(sel.id, pos.lat, pos.lon, device.last_fix_at)) drawTrack();
   const events = memory.recent({ device: sel.id });
   const sig = JSON.stringify([sel, device, error, events.length && events[0].seq]);
   if (sig === detailsSig) return;
   detailsSig = sig;
   details.showDevice(sel.id, device, events, error);
 }
-const renderDetailsSoon = throttle(renderDetails, 300);
+// On events and fence changes: a device is read again, a fence re-rendered with its last
+// occupancy (the details loop reads that every DETAILS_POLL_MS; a busy fence's events must not
+// multiply the reads).
+const renderDetailsSoon = throttle(() => renderDetails({ fetch: state.selection?.kind === 'device' }), 300);
 
 // ---- fences -----------------------------------------------------------------------------------
 
@@ -197,27 +270,25 @@ async function scanDevices() {
     }
   } while (after !== null);
 
-  const insideBy = new Map();
+  const counts = new Map();
   let unknownFence = false;
   for (const d of all) {
     for (const f of d.inside || []) {
-      let list = insideBy.get(f);
-      if (!list) insideBy.set(f, (list = []));
-      list.push(d.device);
+      counts.set(f, (counts.get(f) || 0) + 1);
       if (!state.fenceById.has(f)) unknownFence = true;
     }
   }
   state.devices = all;
   state.devicesTruncated = truncated;
-  state.insideBy = insideBy;
-  state.counts = new Map([...insideBy].map(([f, l]) => [f, l.length]));
+  state.counts = counts;
+  tracks.record(all);
+  drawTrack();
   if (unknownFence) loadFencesSoon();
 
   mapView.setDevices(all);
   mapView.setCounts(state.counts);
   fenceList.setCounts(state.counts);
   updateMapNote();
-  if (state.selection?.kind === 'fence') renderDetails();
   // A big fleet takes a while to list; never spend more than half the time listing.
   return Math.max(DEVICE_POLL_MS, 2 * (performance.now() - started));
 }
@@ -247,6 +318,7 @@ function updateMapNote() {
 
 async function loadStatus() {
   const r = await getJson('/readyz');
+  state.status = r;
   const w = r.watermark ? fmtTime(r.watermark) : 'none yet';
   $('clock').textContent = `${r.clock} clock · watermark ${w}`;
   $('clock').title = `watermark ${r.watermark ?? 'none'} · lateness ${r.lateness_ms} ms · ${r.shards} shards`;
@@ -284,14 +356,19 @@ window.__geodwell = {
   devicePoint: (id) => mapView.devicePagePoint(id),
   stats: () => ({ ...mapView.lastStats, fences: state.fences.length }),
   map: mapView.map,
+  track: (id) => tracks.points(id),
 };
+
+// The offline base layer (1.3 MB, cached by ETag): the map works without it.
+mapView.loadBase().catch((e) => setBanner('base', `base map: ${describe(e)}`, 'warn'));
 
 every('fences', FENCE_POLL_MS, loadFences);
 every('devices', DEVICE_POLL_MS, scanDevices);
 every('status', STATUS_POLL_MS, loadStatus, { open: true });
 // Open: with nothing selected it makes no request, so its success says nothing about the key
-// (counted as proof of one, it cleared the "needs an API key" banner it had not earned).
+// (counted as proof of one, it cleared the "needs an API key" banner it had not earned); and
+// renderDetails shows its own errors in the panel.
 every('details', DETAILS_POLL_MS, async () => {
-  if (state.selection?.kind === 'device') await renderDetails();
+  if (state.selection) await renderDetails();
 }, { open: true });
 stream.start();

@@ -1,6 +1,11 @@
-// The map: fences as vector shapes, devices as circle markers, a coordinate grid instead of a
-// base map (no tile server is needed), and an optional tile layer when the server config names
-// one. Built on the vendored Leaflet (window.L).
+// The map: fences as vector shapes, devices as circle markers, the selected device's recent
+// track, a coordinate grid, an offline base layer (Natural Earth 1:50m land and country borders,
+// vendored under vendor/world-atlas/, so no tile server is needed), and an optional tile layer
+// when the server config names one. Built on the vendored Leaflet (window.L).
+//
+// Panes, bottom to top: gdBase 150 (land, coastlines, borders; under the tile pane, 200, so tiles
+// cover it where they load and it shows where they do not), gdGrid 250, fences (overlayPane 400),
+// gdTrack 410, gdLabels 420, gdDevices 450. Only fences take the pointer.
 //
 // Rendering choices, for scale:
 // - Devices are drawn on one canvas (thousands of markers redraw cheaply every second), at most
@@ -9,6 +14,8 @@
 //   device by pixel distance instead (a linear scan of at most 5000 points per click).
 // - Fences are SVG paths while there are at most SVG_FENCE_LIMIT of them (crisp outlines, DOM
 //   nodes carrying data-fence), and canvas beyond that.
+
+import { getAsset } from './api.js';
 
 const L = window.L;
 
@@ -22,6 +29,11 @@ const HIT_PX = 9;
 
 const COLOUR_INSIDE = '#e8590c';
 const COLOUR_OUTSIDE = '#1c7ed6';
+const COLOUR_TRACK = '#343a40';
+
+/** The vendored base layer (assets/ui/vendor/world-atlas/README.md). */
+const BASE_LAND = '/ui/vendor/world-atlas/land.json';
+const BASE_BORDERS = '/ui/vendor/world-atlas/borders.json';
 
 // Leaflet tooltips and attributions take HTML; everything put there from the API is escaped.
 function escapeHtml(s) {
@@ -34,6 +46,16 @@ function fenceLatLngs(geometry) {
   if (geometry.type === 'Polygon') return L.GeoJSON.coordsToLatLngs(geometry.coordinates, 1);
   if (geometry.type === 'MultiPolygon') return L.GeoJSON.coordsToLatLngs(geometry.coordinates, 2);
   return null;
+}
+
+/** A GeoJSON Feature with a Multi* geometry as a FeatureCollection of its parts (`type`). */
+function split(feature, type) {
+  const g = feature.geometry || {};
+  const parts = g.type === `Multi${type}` ? g.coordinates : g.type === type ? [g.coordinates] : [];
+  return {
+    type: 'FeatureCollection',
+    features: parts.map((coordinates) => ({ type: 'Feature', properties: {}, geometry: { type, coordinates } })),
+  };
 }
 
 export class MapView {
@@ -53,22 +75,30 @@ export class MapView {
         maxZoom: 19,
         attribution: escapeHtml(config.tile_attribution || ''),
       }).addTo(this.map);
-    } else {
-      this.map.attributionControl.addAttribution('no base map: fences and devices only');
     }
     L.control.scale({ imperial: false }).addTo(this.map);
     this.addCoordsControl();
 
-    // Panes: grid (under fences), fences (overlayPane, 400), fence labels, devices (over fences
-    // and their labels, so a label never hides a device; no pointer).
+    // Panes (see the top of this file): base layer, grid, fences (overlayPane, 400), the selected
+    // device's track, fence labels, devices (over fences and their labels, so a label never
+    // hides a device). Only the fences take the pointer.
+    this.map.createPane('gdBase').style.zIndex = 150;
+    this.map.getPane('gdBase').style.pointerEvents = 'none';
     this.map.createPane('gdGrid').style.zIndex = 250;
     this.map.getPane('gdGrid').style.pointerEvents = 'none';
+    this.map.createPane('gdTrack').style.zIndex = 410;
+    this.map.getPane('gdTrack').style.pointerEvents = 'none';
     this.map.createPane('gdLabels').style.zIndex = 420;
     this.map.getPane('gdLabels').style.pointerEvents = 'none';
     this.map.createPane('gdDevices').style.zIndex = 450;
     this.map.getPane('gdDevices').style.pointerEvents = 'none';
     this.gridRenderer = L.canvas({ pane: 'gdGrid' });
     this.deviceRenderer = L.canvas({ pane: 'gdDevices', padding: 0.2 });
+    // SVG for the base layer and the track: one path each, which the browser test can find.
+    this.baseRenderer = L.svg({ pane: 'gdBase', padding: 0.3 });
+    this.trackRenderer = L.svg({ pane: 'gdTrack' });
+    /** The selected device's track polyline, when it has at least two positions. */
+    this.track = null;
     this.grid = L.layerGroup().addTo(this.map);
     this.fenceGroup = L.featureGroup().addTo(this.map);
     this.deviceGroup = L.layerGroup().addTo(this.map);
@@ -95,12 +125,69 @@ export class MapView {
         requestAnimationFrame(() => {
           const ev = pending;
           pending = null;
-          this.hover(ev);
+          if (ev) this.hover(ev);
         });
       }
       pending = e;
     });
+    // Leaving the map ends the hover: no device tooltip or coordinates left behind.
+    this.map.on('mouseout', () => {
+      pending = null; // a hover still waiting for its frame must not bring the tooltip back
+      if (this.map.hasLayer(this.hoverTip)) this.map.removeLayer(this.hoverTip);
+      this.map.getContainer().style.cursor = '';
+      if (this.coordsEl) this.coordsEl.textContent = '';
+    });
     this.drawGrid();
+  }
+
+  /**
+   * Loads and draws the offline base layer: land (filled, its outline the coastline) and country
+   * borders, under everything, not interactive. With a tile layer it stays beneath the tiles.
+   * Resolves once drawn; rejects (the map works on without it) when the files cannot be read.
+   */
+  async loadBase() {
+    const [land, borders] = await Promise.all([getAsset(BASE_LAND), getAsset(BASE_BORDERS)]);
+    // One path per polygon and per border line, not one for the whole MultiPolygon: Leaflet
+    // skips the clipping and drawing of a path outside the view, so a zoomed-in map redraws only
+    // the few shapes it shows. Styles as options, not `style`: Leaflet applies className only
+    // when it creates the path.
+    const common = { renderer: this.baseRenderer, interactive: false, smoothFactor: 1.5 };
+    L.geoJSON(split(land, 'Polygon'), {
+      ...common, className: 'gd-land', color: '#9fb1c2', weight: 0.8, fillColor: '#f7f5f0', fillOpacity: 1,
+    }).addTo(this.map);
+    L.geoJSON(split(borders, 'LineString'), {
+      ...common, className: 'gd-borders', color: '#b4a59a', weight: 0.8, dashArray: '4 3', fill: false,
+    }).addTo(this.map);
+    this.map.attributionControl.addAttribution('Natural Earth (public domain)');
+  }
+
+  /**
+   * Draws the selected device's recent track (oldest first), or removes it (null, or fewer than
+   * two positions). The path carries data-device and data-points for the browser test.
+   * @param {string|null} id
+   * @param {Array<[number, number]>|null} points
+   */
+  setTrack(id, points) {
+    if (!id || !points || points.length < 2) {
+      if (this.track) {
+        this.map.removeLayer(this.track);
+        this.track = null;
+      }
+      return;
+    }
+    if (!this.track) {
+      this.track = L.polyline(points, {
+        renderer: this.trackRenderer, interactive: false, className: 'gd-track',
+        color: COLOUR_TRACK, weight: 3, opacity: 0.7, lineJoin: 'round', lineCap: 'round',
+      }).addTo(this.map);
+    } else {
+      this.track.setLatLngs(points);
+    }
+    const path = this.track.getElement();
+    if (path) {
+      path.setAttribute('data-device', id);
+      path.setAttribute('data-points', String(points.length));
+    }
   }
 
   addCoordsControl() {

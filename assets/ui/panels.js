@@ -1,7 +1,9 @@
-// The fence list (legend with dwell thresholds and inside counters) and the details panel.
+// The fence list (legend with dwell thresholds and inside counters) and the details panel: a
+// fence's settings, its occupancy (the devices inside with their time since ENTER and progress
+// toward the next dwell threshold) and recent events; a device's pairs and recent events.
 
 import { eventRow } from './feed.js';
-import { el, fmtTime, fmtValue } from './util.js';
+import { el, fmtDur, fmtTime, fmtValue, parseDur } from './util.js';
 
 // A radius for people: whole metres below 10 km, else km with one decimal.
 function metres(m) {
@@ -12,6 +14,8 @@ function metres(m) {
 
 /** Fence rows rendered at once; the filter box narrows a longer list. */
 export const MAX_LISTED_FENCES = 500;
+/** Occupants shown in a fence's details (the longest inside first). */
+export const MAX_SHOWN_OCCUPANTS = 200;
 
 /** The left-hand fence list. Rows are rebuilt when fences or the filter change; counters in place. */
 export class FenceList {
@@ -108,15 +112,80 @@ function eventList(events, onSelect, show) {
   return el('ol', { class: 'mini-feed' }, ...events.map((e) => eventRow(e, onSelect, show)));
 }
 
-function linkList(ids, kind, onSelect, cap = 200) {
-  if (!ids.length) return el('p', { class: 'empty', text: 'none' });
-  const ul = el('ul', { class: 'mini-feed' });
-  for (const id of ids.slice(0, cap)) {
-    ul.append(el('li', {}, el('button', { class: 'link', type: 'button', text: id,
-      data: { [kind]: id }, on: { click: () => onSelect(kind, id) } })));
+/**
+ * Where an occupant stands against the fence's dwell thresholds: elapsed since ENTER (ms, up to
+ * the reference time; null without one) and the next threshold not yet fired.
+ * @param {number[]} thresholds the fence's dwell thresholds, ms, ascending
+ * @param {{entered_at: string, dwell_fired?: string[], dwell_waiting_stale?: string[]}} o
+ * @param {number|null} refMs the reference time (the watermark, or now)
+ */
+export function dwellProgress(thresholds, o, refMs) {
+  const entered = Date.parse(o.entered_at);
+  const elapsed = refMs === null || !Number.isFinite(entered) ? null : Math.max(0, refMs - entered);
+  const fired = new Set((o.dwell_fired || []).map(parseDur));
+  const stale = new Set((o.dwell_waiting_stale || []).map(parseDur));
+  const next = thresholds.find((t) => !fired.has(t));
+  return { elapsed, next: next ?? null, stale: next !== undefined && stale.has(next) };
+}
+
+/**
+ * One occupant: id (a button that selects it), time since ENTER, and a progress bar from ENTER
+ * to the next dwell threshold.
+ */
+function occupantRow(o, thresholds, refMs, onSelect) {
+  const { elapsed, next, stale } = dwellProgress(thresholds, o, refMs);
+  const bar = el('progress', { class: 'dwell-progress' });
+  let label;
+  if (!thresholds.length) {
+    label = 'no dwell thresholds';
+    bar.max = 1;
+    bar.value = 0;
+  } else if (next === null) {
+    label = `all fired (${thresholds.map((t) => fmtDur(t / 1000)).join(', ')})`;
+    bar.max = 1;
+    bar.value = 1;
+    bar.classList.add('done');
+  } else {
+    bar.max = next;
+    bar.value = Math.min(elapsed ?? 0, next);
+    const due = elapsed !== null && elapsed >= next;
+    label = stale ? `${fmtDur(next / 1000)} due, waiting for a fix`
+      : due ? `${fmtDur(next / 1000)} due`
+        : `next ${fmtDur(next / 1000)}${elapsed === null ? '' : ` in ${fmtDur((next - elapsed) / 1000)}`}`;
+    if (stale || due) bar.classList.add('due');
   }
-  if (ids.length > cap) ul.append(el('li', { class: 'muted', text: `… and ${ids.length - cap} more` }));
-  return ul;
+  bar.title = label;
+  return el('li', { class: 'occupant', data: { device: o.device, state: o.state } },
+    el('button', { class: 'link occ-id', type: 'button', text: o.device,
+      data: { device: o.device }, on: { click: () => onSelect('device', o.device) } }),
+    el('span', { class: 'occ-time', text: elapsed === null ? '–' : fmtDur(elapsed / 1000),
+      title: `entered ${fmtTime(o.entered_at)}${o.last_fix_at ? ` · last fix ${fmtTime(o.last_fix_at)}` : ''}` }),
+    bar,
+    el('span', { class: 'occ-next' },
+      o.state === 'exiting' ? el('span', { class: 'chip', title: 'an EXIT run is pending', text: 'exiting' }) : null,
+      label));
+}
+
+/**
+ * @param {object} occ the fence's occupancy (see Details.showFence)
+ * @param {{ms: number|null, clock: string, watermark: string|null}} ref
+ */
+function occupancyList(occ, thresholds, ref, onSelect) {
+  const t = (o) => Date.parse(o.entered_at) || 0;
+  const list = [...occ.occupants].sort((a, b) => t(a) - t(b) || (a.device < b.device ? -1 : a.device > b.device ? 1 : 0));
+  const total = Math.max(occ.inside ?? 0, list.length);
+  const shown = list.slice(0, MAX_SHOWN_OCCUPANTS);
+  const basis = ref.clock === 'event'
+    ? `Time inside in event time: from ENTER to the watermark (${ref.watermark ? fmtTime(ref.watermark) : 'none yet'}).`
+    : 'Time inside: from ENTER to now.';
+  if (!shown.length) return [el('p', { class: 'empty', text: 'No device inside.' })];
+  const ul = el('ul', { class: 'occupants' },
+    ...shown.map((o) => occupantRow(o, thresholds, ref.ms, onSelect)));
+  if (total > shown.length) {
+    ul.append(el('li', { class: 'muted', text: `… and ${total - shown.length} more (the ${shown.length} inside longest${
+      occ.complete ? '' : ` of the first ${list.length} listed`} are shown)` }));
+  }
+  return [el('p', { class: 'muted small', text: basis }), ul];
 }
 
 /** The details panel for the selected fence or device. */
@@ -143,17 +212,24 @@ export class Details {
   }
 
   /**
-   * @param {{id: string, feature: object}|undefined} fence
-   * @param {string[]} inside device ids inside it now
+   * @param {object|undefined} feature the fence (GET /v1/fences/{id}, else the list's copy)
+   * @param {{missing: boolean, error: string|null, inside: number|null, occupants: object[],
+   *          complete: boolean}} occ its occupancy: `inside` from GET /v1/fences/{id}, the
+   *   occupants from GET /v1/fences/{id}/devices (`complete`: every page was read)
    * @param {object[]} events newest first
+   * @param {{ms: number|null, clock: string, watermark: string|null}} ref what "time inside" is
+   *   counted to: the watermark with the event clock, now with the live clock
    */
-  showFence(id, fence, inside, events) {
-    if (!fence) {
+  showFence(id, feature, occ, events, ref) {
+    if (occ.missing || !feature) {
       this.show('fence', id, el('p', { class: 'empty', text: 'This fence no longer exists.' }));
       return;
     }
-    const p = fence.feature.properties || {};
-    const g = fence.feature.geometry || {};
+    const p = feature.properties || {};
+    const g = feature.geometry || {};
+    const thresholds = (Array.isArray(p.dwell) ? p.dwell : []).map(parseDur).filter((t) => t !== null)
+      .sort((a, b) => a - b);
+    const n = occ.inside ?? occ.occupants.length;
     const shape = g.type === 'Point' ? `circle, radius ${metres(p.radius_m)}` : g.type;
     this.show('fence', id,
       kv([
@@ -167,8 +243,8 @@ export class Details {
         ['max accuracy', p.max_accuracy_m === 'off' ? 'off' : `${p.max_accuracy_m} m`],
         ['tags', p.tags && Object.keys(p.tags).length ? p.tags : undefined],
       ]),
-      el('h3', { text: `Devices inside (${inside.length})` }),
-      linkList(inside, 'device', this.onSelect),
+      el('h3', { text: occ.error ? 'Devices inside' : `Devices inside (${n})` }),
+      ...(occ.error ? [el('p', { class: 'empty', text: occ.error })] : occupancyList(occ, thresholds, ref, this.onSelect)),
       el('h3', { text: 'Recent events' }),
       eventList(events, this.onSelect, { device: true, fence: false }));
   }

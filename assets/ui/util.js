@@ -65,6 +65,20 @@ export function fmtDur(seconds) {
   return parts.join(' ');
 }
 
+const DUR_UNITS = { ms: 1, s: 1000, m: 60000, h: 3600000, d: 86400000 };
+
+/**
+ * A duration as the API writes it ("90s", "1m", "1h", "1500ms"; also "1h30m") -> milliseconds;
+ * null when it is not one.
+ */
+export function parseDur(text) {
+  const s = String(text ?? '').trim();
+  if (!/^(\d+(\.\d+)?(ms|s|m|h|d))+$/.test(s)) return null;
+  let ms = 0;
+  for (const [, n, , unit] of s.matchAll(/(\d+(\.\d+)?)(ms|s|m|h|d)/g)) ms += Number(n) * DUR_UNITS[unit];
+  return ms;
+}
+
 /** A short one-line rendering of a JSON value (tags, settings). */
 export function fmtValue(v) {
   if (v === null || v === undefined) return '–';

@@ -1,6 +1,6 @@
-//! The live map page: `GET /` (the page), `GET /ui/{*path}` (its scripts, styles and the vendored
-//! Leaflet), and `GET /ui/config.json` (the settings the page needs from the server config, on
-//! the same route).
+//! The live map page: `GET /` (the page), `GET /ui/{*path}` (its scripts, styles, the vendored
+//! Leaflet and the vendored Natural Earth base layer), and `GET /ui/config.json` (the settings
+//! the page needs from the server config, on the same route).
 //!
 //! Invariants: every asset is compiled into the binary from `assets/ui/` (the page works with no
 //! network beyond this server, and the served files always match the binary's version); only the
@@ -39,6 +39,7 @@ const HTML: &str = "text/html; charset=utf-8";
 const PNG: &str = "image/png";
 const SVG: &str = "image/svg+xml";
 const TEXT: &str = "text/plain; charset=utf-8";
+const JSON: &str = "application/json";
 
 macro_rules! asset {
     ($path:literal, $ct:expr) => {
@@ -61,6 +62,7 @@ static ASSETS: &[Asset] = &[
     asset!("feed.js", JS),
     asset!("panels.js", JS),
     asset!("util.js", JS),
+    asset!("track.js", JS),
     asset!("vendor/leaflet/leaflet.js", JS),
     asset!("vendor/leaflet/leaflet.css", CSS),
     asset!("vendor/leaflet/LICENSE", TEXT),
@@ -69,6 +71,12 @@ static ASSETS: &[Asset] = &[
     asset!("vendor/leaflet/images/marker-icon.png", PNG),
     asset!("vendor/leaflet/images/marker-icon-2x.png", PNG),
     asset!("vendor/leaflet/images/marker-shadow.png", PNG),
+    // The offline base layer: Natural Earth 1:50m land and country borders (public domain), as
+    // GeoJSON converted from the npm package world-atlas (its README says how).
+    asset!("vendor/world-atlas/land.json", JSON),
+    asset!("vendor/world-atlas/borders.json", JSON),
+    asset!("vendor/world-atlas/LICENSE", TEXT),
+    asset!("vendor/world-atlas/README.md", TEXT),
 ];
 
 /// The page's Content-Security-Policy without a tile layer: everything from this server only.

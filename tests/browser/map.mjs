@@ -2,12 +2,15 @@
 // a running geodwell (started by scripts/browser-test.sh with the event clock and lateness 0, so
 // fixes apply at once and dwell deadlines follow the fixes' own timestamps).
 //
-// It opens the page before any fence exists (the empty state must show), then creates fences and
-// sends fixes through the API, and checks what a person would see: the fence drawn and listed
-// with its dwell threshold, the device marker drawn, ENTER/DWELL/EXIT rows arriving in the feed
-// over the WebSocket, the inside counter at 1, the device's pair after clicking its marker, and
-// the devices inside after clicking the fence. Every request the page makes must go to the
-// server itself (no CDN, no tiles), and the page must log no errors. A screenshot is saved.
+// It opens the page before any fence exists (the empty state must show, and the offline base
+// layer's land and borders must be drawn), then creates fences and sends fixes through the API,
+// and checks what a person would see: the fence drawn and listed with its dwell threshold, the
+// device marker drawn, ENTER/DWELL/EXIT rows arriving in the feed over the WebSocket, the inside
+// counter at 1, the fence's occupancy after clicking it (the device inside, its time since ENTER
+// and a progress bar toward the next dwell threshold), the device's pair after clicking its
+// marker, and the device's track after it drives on. Every request the page makes must go to the
+// server itself (no CDN, no tiles), and the page must log no errors. Two screenshots are saved:
+// the fences with the selected device's track, and the region around them (coast and borders).
 //
 // With API keys on (BROWSER_TEST_ADMIN_KEY and BROWSER_TEST_PAGE_KEY set), it first checks that
 // the page without a key loads and says a key is needed, then opens it as /?key=<read-only key>: the key
@@ -15,7 +18,8 @@
 // bearer token, the WebSocket as access_token). The script's own API calls use the admin key.
 //
 // Environment: GEODWELL_URL (required, e.g. http://127.0.0.1:41234), CHROMIUM (default
-// /usr/bin/chromium), SCREENSHOT (default <repo>/target/browser/map.png),
+// /usr/bin/chromium), SCREENSHOT (default <repo>/target/browser/map.png; the region view goes
+// beside it as map-region.png),
 // BROWSER_TEST_ADMIN_KEY and BROWSER_TEST_PAGE_KEY (optional, together).
 // Exit status: 0 when every check passed; 1 with a message naming the failed check otherwise.
 
@@ -29,6 +33,7 @@ const repo = resolve(here, '..', '..');
 const base = (process.env.GEODWELL_URL || '').replace(/\/$/, '');
 const executablePath = process.env.CHROMIUM || '/usr/bin/chromium';
 const screenshot = process.env.SCREENSHOT || resolve(repo, 'target/browser/map.png');
+const regionShot = screenshot.replace(/\.png$/, '-region.png');
 const WAIT_MS = 20000;
 const adminKey = process.env.BROWSER_TEST_ADMIN_KEY || '';
 const pageKey = process.env.BROWSER_TEST_PAGE_KEY || '';
@@ -59,7 +64,7 @@ async function api(method, path, body, contentType = 'application/json') {
 
 const iso = (ms) => new Date(ms).toISOString();
 
-// A yard fence (polygon, dwell 1m) and a gate fence (circle) beside the sample fences of
+// A yard fence (polygon, dwell 1m and 10m) and a gate fence (circle) beside the sample fences of
 // config/fences.geojson, in Hamburg.
 const YARD = 'ui-test-yard';
 const GATE = 'ui-test-gate';
@@ -68,7 +73,7 @@ const VAN = 'van-ui-2';
 const yardFeature = {
   type: 'Feature',
   geometry: { type: 'Polygon', coordinates: [[[9.990, 53.540], [9.996, 53.540], [9.996, 53.544], [9.990, 53.544], [9.990, 53.540]]] },
-  properties: { name: 'Browser-test yard', dwell: ['1m'], tags: { site: 'ui-test' } },
+  properties: { name: 'Browser-test yard', dwell: ['1m', '10m'], tags: { site: 'ui-test' } },
 };
 const gateFeature = {
   type: 'Feature',
@@ -130,6 +135,14 @@ try {
   await page.locator('#conn[data-state="live"]').waitFor({ timeout: WAIT_MS });
   log(`page loaded${pageKey ? ' with a read-only key' : ''}: empty fence list shown, event subscription live`);
 
+  step = 'see the offline base layer (land and country borders) drawn';
+  // SVG paths in the base pane under everything (one per polygon or border line); their "d"
+  // hold the projected outlines of what is in view (the whole world at first).
+  await page.waitForFunction(() => ['path.gd-land', 'path.gd-borders'].every((sel) => [
+    ...document.querySelectorAll(`.leaflet-gdBase-pane ${sel}`)].reduce((n, p) => n + (p.getAttribute('d') || '').length, 0) > 2000),
+  null, { timeout: WAIT_MS });
+  log('base layer drawn: land and borders');
+
   step = 'create fences through the API';
   await api('POST', '/v1/fences', readFileSync(resolve(repo, 'config/fences.geojson'), 'utf8'));
   await api('PUT', `/v1/fences/${YARD}`, yardFeature);
@@ -180,7 +193,31 @@ try {
 
   step = `click fence ${YARD} in the list and see ${TRUCK} inside it`;
   await yardRow.click();
-  await page.locator(`#details[data-kind="fence"][data-id="${YARD}"] button[data-device="${TRUCK}"]`).waitFor({ timeout: WAIT_MS });
+  const occupant = page.locator(`#details[data-kind="fence"][data-id="${YARD}"] li.occupant[data-device="${TRUCK}"]`);
+  await occupant.locator(`button[data-device="${TRUCK}"]`).waitFor({ timeout: WAIT_MS });
+  step = `see ${TRUCK}'s time inside ${YARD} and its progress toward the 10m threshold`;
+  // ENTER at t0+30s, the watermark at t0+180s (event clock, lateness 0): 2m 30s of 10m, the 1m
+  // threshold fired. The bar needs the watermark from /readyz (polled every 2 s).
+  await page.waitForFunction((sel) => {
+    const bar = document.querySelector(`${sel} progress.dwell-progress`);
+    return bar && bar.max === 600000 && bar.value > 0 && bar.value < bar.max;
+  }, `#details[data-kind="fence"][data-id="${YARD}"] li.occupant[data-device="${TRUCK}"]`, { timeout: WAIT_MS });
+  const occTime = (await occupant.locator('.occ-time').textContent()).trim();
+  check(/^\d+m( \d+s)?$/.test(occTime), `time inside shows "${occTime}", expected minutes`);
+  const occText = await page.locator('#details-body').textContent();
+  check(occText.includes('Devices inside (1)'), `the occupancy heading lacks "Devices inside (1)": ${occText}`);
+  check(occText.includes('next 10m'), `the occupant row lacks "next 10m": ${occText}`);
+  check(!occText.includes(VAN), `${VAN} is listed inside ${YARD}`);
+  log(`occupancy: ${TRUCK} inside ${YARD} for ${occTime}, progress bar toward 10m`);
+
+  step = 'zoom out to the region for the base-layer screenshot';
+  await page.evaluate(() => window.__geodwell.map.setView([54.2, 9.9], 6, { animate: false }));
+  await page.mouse.move(2, 2);
+  await page.waitForTimeout(800);
+  mkdirSync(dirname(regionShot), { recursive: true });
+  await page.screenshot({ path: regionShot });
+  log(`screenshot: ${regionShot}`);
+  await yardRow.click();
   // The list click zooms to the fence; let the map settle before clicking a marker.
   await page.waitForTimeout(700);
 
@@ -190,6 +227,23 @@ try {
   await page.mouse.click(pt.x, pt.y);
   await page.locator(`#details[data-kind="device"][data-id="${TRUCK}"] tr[data-fence="${YARD}"][data-state="inside"]`).waitFor({ timeout: WAIT_MS });
   log('device details show the pair (inside)');
+
+  step = `drive ${TRUCK} out of the yard and see its track drawn`;
+  // One fix at a time, each seen by the page (its device poll) before the next: the track holds
+  // what the page saw, about one position a second.
+  const drive = [[53.5425, 9.9990], [53.5432, 10.0050], [53.5440, 10.0110], [53.5446, 10.0170]];
+  for (const [i, [lat, lon]] of drive.entries()) {
+    await api('POST', '/v1/fixes', [{ device: TRUCK, lat, lon, ts: iso(t0 + 200000 + i * 10000) }]);
+    await page.waitForFunction(([id, la, lo]) => window.__geodwell.track(id).some(([a, b]) => a === la && b === lo),
+      [TRUCK, lat, lon], { timeout: WAIT_MS });
+  }
+  const track = page.locator(`.leaflet-gdTrack-pane path.gd-track[data-device="${TRUCK}"]`);
+  await track.waitFor({ timeout: WAIT_MS });
+  await page.waitForFunction((id) => {
+    const p = document.querySelector(`path.gd-track[data-device="${id}"]`);
+    return p && Number(p.dataset.points) >= 5 && (p.getAttribute('d') || '').length > 10;
+  }, TRUCK, { timeout: WAIT_MS });
+  log(`track drawn: ${await track.getAttribute('data-points')} positions`);
 
   step = 'zoom out to every fence for the screenshot';
   await page.evaluate(() => {

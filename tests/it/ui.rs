@@ -46,6 +46,7 @@ fn expected_type(path: &str) -> &'static str {
         Some("css") => "text/css; charset=utf-8",
         Some("png") => "image/png",
         Some("svg") => "image/svg+xml",
+        Some("json") => "application/json",
         _ => "text/plain; charset=utf-8",
     }
 }
@@ -149,6 +150,58 @@ async fn the_page_and_every_asset_are_served_with_their_types() {
         assert_eq!(r.status(), 200, "leaflet.css needs {u}");
     }
     srv.stop().await;
+}
+
+/// Every `[lon, lat]` position under a GeoJSON `coordinates` value.
+fn positions(v: &Value, out: &mut Vec<(f64, f64)>) {
+    let Some(a) = v.as_array() else { return };
+    match (
+        a.first().and_then(Value::as_f64),
+        a.get(1).and_then(Value::as_f64),
+    ) {
+        (Some(lon), Some(lat)) if a.len() == 2 => out.push((lon, lat)),
+        _ => a.iter().for_each(|x| positions(x, out)),
+    }
+}
+
+/// The offline base layer (`assets/ui/vendor/world-atlas/`, docs/ui.md "Base layer"): GeoJSON of
+/// the shapes the page draws, with valid positions, within the size the docs give, and its
+/// README says where it came from.
+#[test]
+fn the_vendored_base_layer_is_geojson_within_budget() {
+    let dir = assets_dir().join("vendor/world-atlas");
+    let mut total = 0;
+    for (file, kind, min_parts) in [
+        ("land.json", "MultiPolygon", 1000),
+        ("borders.json", "MultiLineString", 100),
+    ] {
+        let bytes = std::fs::read(dir.join(file)).unwrap();
+        total += bytes.len();
+        let v: Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(v["type"], "Feature", "{file}");
+        assert_eq!(v["geometry"]["type"], kind, "{file}");
+        let parts = v["geometry"]["coordinates"].as_array().unwrap();
+        assert!(parts.len() >= min_parts, "{file}: {} parts", parts.len());
+        let mut pts = Vec::new();
+        positions(&v["geometry"]["coordinates"], &mut pts);
+        assert!(pts.len() > 10_000, "{file}: {} positions", pts.len());
+        for (lon, lat) in pts {
+            assert!(
+                (-180.0..=180.0).contains(&lon) && (-90.0..=90.0).contains(&lat),
+                "{file}: {lon}, {lat}"
+            );
+        }
+    }
+    assert!(total < 1_500_000, "base layer is {total} bytes");
+    let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
+    for needle in [
+        "world-atlas",
+        "2.0.2",
+        "public domain",
+        "scripts/vendor-world-atlas.sh",
+    ] {
+        assert!(readme.contains(needle), "README lacks {needle:?}");
+    }
 }
 
 /// In process (`App`): the paths reach the router exactly as written. (An HTTP client such as
