@@ -44,6 +44,7 @@ pub mod fences;
 pub mod http;
 pub mod ingest;
 pub mod machine;
+pub mod mqtt;
 pub mod outbound;
 pub mod service;
 pub mod shard;

@@ -40,6 +40,58 @@ pub enum TargetError {
     },
 }
 
+/// A TLS configuration for `mqtts://` connections (ingest and sinks): the system's root
+/// certificates and the rustls provider the server uses.
+pub fn mqtt_tls() -> Result<rumqttc::TlsConfiguration, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    let found = rustls_native_certs::load_native_certs();
+    for cert in found.certs {
+        let _ = roots.add(cert);
+    }
+    if roots.is_empty() {
+        return Err("no system root certificates found for mqtts://".into());
+    }
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(rumqttc::TlsConfiguration::Rustls(Arc::new(config)))
+}
+
+/// `%XX` escapes decoded (invalid ones kept as written); not UTF-8 becomes U+FFFD.
+pub fn percent_decode(s: &str) -> String {
+    let hex = |b: u8| (b as char).to_digit(16);
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2]))
+        {
+            out.push((h * 16 + l) as u8);
+            i += 3;
+            continue;
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Why [`TargetPolicy::resolve`] found nothing to connect to.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ResolveError {
+    /// The name did not resolve.
+    #[error("{0}")]
+    Lookup(String),
+    /// Every address it resolved to is refused.
+    #[error(transparent)]
+    Refused(TargetError),
+}
+
 /// Whether `ip` is an address on the public internet: not unspecified, loopback, private,
 /// shared (CGNAT), link-local, multicast, broadcast, documentation, benchmarking or reserved; an
 /// IPv6 address that embeds an IPv4 one (mapped, compatible, NAT64, 6to4) is judged by it.
@@ -118,6 +170,11 @@ impl TargetPolicy {
             Some(url::Host::Ipv4(ip)) => self.check_addr(&ip.to_string(), IpAddr::V4(ip)),
             Some(url::Host::Ipv6(ip)) => self.check_addr(&ip.to_string(), IpAddr::V6(ip)),
             Some(url::Host::Domain(name)) => {
+                // A URL of a scheme the URL standard does not know (mqtt://, nats://) keeps an
+                // address as an opaque host name.
+                if let Ok(ip) = name.parse::<IpAddr>() {
+                    return self.check_addr(name, ip);
+                }
                 let port = url.port_or_known_default().unwrap_or(80);
                 let Ok(addrs) = tokio::net::lookup_host((name, port)).await else {
                     return Ok(());
@@ -129,6 +186,28 @@ impl TargetPolicy {
             }
             None => Ok(()),
         }
+    }
+
+    /// Resolves `host:port` and checks every address; returns the first allowed one, so the
+    /// caller connects to exactly the address that was checked (no second lookup to rebind).
+    /// For connections other than HTTP (MQTT and NATS sinks), which have no resolver hook.
+    pub async fn resolve(&self, host: &str, port: u16) -> Result<SocketAddr, ResolveError> {
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
+            .await
+            .map_err(|e| ResolveError::Lookup(format!("cannot resolve {host}: {e}")))?
+            .collect();
+        let mut refused = None;
+        for a in &addrs {
+            match self.check_addr(host, a.ip()) {
+                Ok(()) => return Ok(*a),
+                Err(e) => refused = Some(e),
+            }
+        }
+        Err(match refused {
+            Some(e) => ResolveError::Refused(e),
+            None => ResolveError::Lookup(format!("{host} has no address")),
+        })
     }
 
     /// The literal address of a URL's host, checked (names are checked by the client's resolver).

@@ -697,6 +697,19 @@ fn launch(
         stopping.deadline.clone(),
     );
     let router = http::router(state.clone());
+    // MQTT ingest starts with the server (the state's task tracker: shutdown waits for its last
+    // batch and acknowledgements).
+    if let (Some(mqtt), Some(status)) = (cfg.mqtt.clone(), state.mqtt()) {
+        let max_bytes = cfg.max_body_bytes;
+        crate::mqtt::spawn(
+            mqtt,
+            state.clone(),
+            max_bytes,
+            state.tasks(),
+            status.clone(),
+            trigger.clone(),
+        );
+    }
     let server_limits = ServerLimits {
         max_connections,
         header_timeout: millis(cfg.header_timeout),

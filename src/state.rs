@@ -34,6 +34,7 @@ pub struct AppState {
     metrics: PrometheusHandle,
     shutdown: CancellationToken,
     tasks: TaskTracker,
+    mqtt: Option<Arc<crate::mqtt::MqttStatus>>,
     budget: MemoryBudget,
     store_file: Option<std::path::PathBuf>,
     checkpoints: Option<Arc<crate::checkpoint::Status>>,
@@ -73,6 +74,12 @@ pub struct Parts {
     pub cluster: Option<Arc<crate::cluster::ClusterNode>>,
 }
 
+impl AsRef<Ingest> for AppState {
+    fn as_ref(&self) -> &Ingest {
+        &self.ingest
+    }
+}
+
 impl AppState {
     /// Assembles the state; API keys come from `parts.cfg`.
     pub fn new(parts: Parts) -> AppState {
@@ -83,6 +90,11 @@ impl AppState {
             store_file: parts.store_file,
             checkpoints: parts.checkpoints,
             cluster: parts.cluster,
+            mqtt: parts
+                .cfg
+                .mqtt
+                .is_some()
+                .then(|| Arc::new(crate::mqtt::MqttStatus::default())),
             auth: std::sync::RwLock::new(Arc::new(Keys::new(parts.cfg.api_keys.clone()))),
             cfg: parts.cfg,
             ingest: parts.ingest,
@@ -190,7 +202,12 @@ impl AppState {
         self.ingest_sockets.clone().try_acquire_owned().ok()
     }
 
-    /// The tracker of WebSocket tasks: shutdown waits for them to finish.
+    /// The MQTT ingest connection's state, when `[mqtt]` is on.
+    pub fn mqtt(&self) -> Option<&Arc<crate::mqtt::MqttStatus>> {
+        self.mqtt.as_ref()
+    }
+
+    /// Background tasks that shutdown waits for (WebSocket connections, MQTT ingest).
     pub fn tasks(&self) -> &TaskTracker {
         &self.tasks
     }

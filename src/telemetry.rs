@@ -82,6 +82,12 @@ pub const SUBSCRIBERS_MAX: &str = "geodwell_subscribers_max";
 pub const HTTP_CONNECTIONS_MAX: &str = "geodwell_http_connections_max";
 /// Outgoing connections refused because the target is not a public address.
 pub const OUTBOUND_REFUSED: &str = "geodwell_outbound_refused_total";
+/// Whether the MQTT ingest connection is up (1) or not (0); absent when MQTT is off.
+pub const MQTT_CONNECTED: &str = "geodwell_mqtt_connected";
+/// MQTT ingest connection attempts, by `outcome` (connected, refused, failed).
+pub const MQTT_CONNECTS: &str = "geodwell_mqtt_connects_total";
+/// MQTT messages read by ingest (each acknowledged once its fixes are durable).
+pub const MQTT_MESSAGES: &str = "geodwell_mqtt_messages_total";
 /// HTTP request duration, seconds, by matched `route`.
 pub const HTTP_REQUEST_SECONDS: &str = "geodwell_http_request_duration_seconds";
 /// Events held in the event log.
@@ -203,7 +209,7 @@ pub fn collect_process() {
 }
 
 /// Ingest transports: the closed set of `transport` label values.
-pub const TRANSPORTS: [&str; 4] = ["http", "ws", "osmand", "owntracks"];
+pub const TRANSPORTS: [&str; 5] = ["http", "ws", "osmand", "owntracks", "mqtt"];
 
 /// Exports the counters whose label values are known before the first increment at 0 (for
 /// rejections: `reasons`, the item codes and `overloaded`), so that `rate()` and alerts see a
@@ -290,6 +296,7 @@ pub fn install() -> PrometheusHandle {
                 HTTP_ORIGIN_REFUSED,
                 INGEST_BUDGET_REFUSED,
                 OUTBOUND_REFUSED,
+                MQTT_MESSAGES,
                 STORE_LOG_APPENDED_BYTES,
                 STORE_CHECKPOINTS,
                 STORE_CHECKPOINT_FAILURES,
@@ -447,6 +454,18 @@ fn describe() {
     describe_counter!(
         OUTBOUND_REFUSED,
         "Outgoing connections (webhook deliveries) refused because the target is not a public address."
+    );
+    describe_gauge!(
+        MQTT_CONNECTED,
+        "Whether the MQTT ingest connection is up (1) or not (0)."
+    );
+    describe_counter!(
+        MQTT_CONNECTS,
+        "MQTT ingest connection attempts, by outcome (connected, refused, failed)."
+    );
+    describe_counter!(
+        MQTT_MESSAGES,
+        "MQTT messages read by ingest; each is acknowledged to the broker once its fixes are durable."
     );
     describe_gauge!(EVENT_LOG_EVENTS, "Events held in the event log.");
     describe_gauge!(FENCES, "Fences loaded.");

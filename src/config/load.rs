@@ -122,7 +122,7 @@ impl Config {
                         // `server.cors_origins`, `cluster.nats_urls`: arrays of strings, read as
                         // the environment's comma-separated form.
                         toml::Value::Array(a)
-                            if (k == "cors_origins" || k == "nats_urls")
+                            if matches!(k, "cors_origins" | "nats_urls" | "mqtt_topics")
                                 && a.iter().all(toml::Value::is_str) =>
                         {
                             Val::Str(
@@ -241,6 +241,7 @@ impl Config {
             api_keys,
             open_metrics: b.bool("open_metrics"),
             cluster: None,
+            mqtt: None,
         };
         let mut cfg = cfg;
         // The one place `shards = 0` is resolved.
@@ -257,6 +258,7 @@ impl Config {
             ));
         }
         cfg.cluster = cluster(&mut b);
+        cfg.mqtt = mqtt(&mut b);
         let (webhooks, webhook_issues) = super::webhooks::from_config(webhooks_raw.as_ref());
         cfg.webhooks = webhooks;
         b.issues.extend(webhook_issues);
@@ -314,6 +316,40 @@ fn cluster(b: &mut Builder<'_>) -> Option<super::ClusterConfig> {
         replicas,
         lease_ttl,
         checkpoint_interval,
+    })
+}
+
+/// `[mqtt]`: on when `url` is set; every topic filter and the URL checked.
+fn mqtt(b: &mut Builder<'_>) -> Option<super::MqttConfig> {
+    let url = b.opt_text("mqtt_url");
+    let topics = b.text_list("mqtt_topics");
+    let client_id = b.opt_text("mqtt_client_id");
+    for t in &topics {
+        if let Err(e) = super::mqtt::check_filter(t) {
+            b.issues
+                .push(issue("mqtt.topics", &format!("{e}, got {t:?}")));
+        }
+    }
+    let url = url?;
+    if topics.is_empty() {
+        b.issues
+            .push(issue("mqtt.topics", "must name at least one topic filter"));
+    }
+    if let Err(e) = super::mqtt::check_broker_url(&url) {
+        b.issues.push(issue("mqtt.url", &e));
+    }
+    if let Some(id) = &client_id
+        && (id.len() > 128 || id.chars().any(|c| c.is_control()))
+    {
+        b.issues.push(issue(
+            "mqtt.client_id",
+            "must be at most 128 characters, none of them control characters",
+        ));
+    }
+    Some(super::MqttConfig {
+        url,
+        topics,
+        client_id: client_id.unwrap_or_else(|| format!("geodwell-{}", super::default_node_id())),
     })
 }
 

@@ -14,6 +14,7 @@
 //! variables > the file > embedded defaults.
 
 mod load;
+mod mqtt;
 #[cfg(test)]
 mod tests;
 mod values;
@@ -150,6 +151,20 @@ pub struct Config {
     /// `[cluster]`: run as a node of a cluster on NATS JetStream (`None`: one process on its
     /// embedded store, the default).
     pub cluster: Option<ClusterConfig>,
+    /// `[mqtt]`: fixes from an MQTT broker (`None`: off, the default).
+    pub mqtt: Option<MqttConfig>,
+}
+
+/// `[mqtt]` (docs/integrations.md): the broker fixes are read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MqttConfig {
+    /// `mqtt://[user:password@]host[:port]` or `mqtts://` (TLS, the system's roots).
+    pub url: String,
+    /// Topic filters subscribed to with QoS 1.
+    pub topics: Vec<String>,
+    /// The client id: the broker keeps this session (and the messages not yet acknowledged)
+    /// while geodwell is away, so it must be stable and unique to this service.
+    pub client_id: String,
 }
 
 /// `[cluster]` (docs/cluster.md): what a node needs to join a cluster on NATS JetStream.

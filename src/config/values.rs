@@ -43,6 +43,8 @@ pub(super) enum Kind {
     Keys,
     /// NATS server URLs: an array of `nats://host:port` strings (or one comma-separated string).
     NatsUrls,
+    /// A list of strings: an array in the file, comma-separated in the environment.
+    TextList,
 }
 
 /// (section, key, kind): the schema. Keys are unique across sections so that `GEODWELL_<KEY>`
@@ -226,6 +228,9 @@ pub(super) const SCHEMA: &[(&str, &str, Kind)] = &[
     ("ui", "map_tile_attribution", Kind::OptText),
     ("auth", "api_keys", Kind::Keys),
     ("auth", "open_metrics", Kind::Bool),
+    ("mqtt", "mqtt_url", Kind::OptText),
+    ("mqtt", "mqtt_topics", Kind::TextList),
+    ("mqtt", "mqtt_client_id", Kind::OptText),
     ("cluster", "nats_urls", Kind::NatsUrls),
     ("cluster", "node_id", Kind::OptText),
     ("cluster", "partitions", Kind::Count { min: 1, max: 4096 }),
@@ -245,6 +250,9 @@ pub(super) const SCHEMA: &[(&str, &str, Kind)] = &[
 pub(super) fn file_key(id: &str) -> &str {
     match id {
         "cluster_checkpoint_interval" => "checkpoint_interval",
+        "mqtt_url" => "url",
+        "mqtt_topics" => "topics",
+        "mqtt_client_id" => "client_id",
         k => k,
     }
 }
@@ -600,6 +608,22 @@ impl Builder<'_> {
             self.fail(name, "\"*\" allows every origin and stands alone".into());
         }
         out
+    }
+
+    /// A list of strings (comma-separated; empty items dropped).
+    pub(super) fn text_list(&mut self, key: &str) -> Vec<String> {
+        let Some((_, v, _)) = self.get(key) else {
+            return Vec::new();
+        };
+        let text = match v {
+            Val::Str(s) => s,
+            Val::Int(i) => i.to_string(),
+        };
+        text.split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(str::to_string)
+            .collect()
     }
 
     /// NATS server URLs (`nats://host:port`, `tls://`, or a bare `host:port`), in order.

@@ -222,12 +222,16 @@ pub struct WebhookIn {
     /// Sink id.
     #[schema(pattern = r"^[A-Za-z0-9_.\-]{1,64}$")]
     pub id: String,
-    /// Receiver URL (http or https).
+    /// Where events go: an `http(s)://` receiver (a signed POST per event), or
+    /// `mqtt://` / `mqtts://[user:password@]host[:port]/<topic template>` (QoS 1) or
+    /// `nats://[user:password@]host[:port]/<subject template>` (JetStream when a stream holds
+    /// the subject); templates may hold `{fence}`, `{type}`, `{device}`.
     #[schema(example = "https://hooks.example.com/geodwell")]
     pub url: String,
     /// Standard Webhooks secret: `whsec_` and the base64 of 24 to 64 random bytes. Write-only.
-    #[schema(pattern = r"^whsec_[A-Za-z0-9+/]{32,88}={0,2}$")]
-    pub secret: String,
+    /// Required for http(s) sinks; MQTT and NATS sinks are not signed and refuse it.
+    #[schema(pattern = r"^whsec_[A-Za-z0-9+/]{32,88}={0,2}$", nullable = false)]
+    pub secret: Option<String>,
     /// Event kinds to send (default: all).
     #[schema(nullable = false)]
     pub types: Option<Vec<EventKindOut>>,

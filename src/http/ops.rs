@@ -40,6 +40,10 @@ pub struct Ready {
     pub fences: u64,
     /// Configured lateness, ms.
     pub lateness_ms: i64,
+    /// The MQTT ingest connection (absent when `[mqtt]` is off). Readiness does not wait for
+    /// it: HTTP ingest works without the broker, and the connection is retried for ever.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mqtt: Option<crate::mqtt::MqttReady>,
     /// Engine shards.
     pub shards: u64,
     /// Always `ready`.
@@ -130,6 +134,7 @@ pub async fn readyz(
             clock: st.config().clock,
             fences: st.fences().len() as u64,
             lateness_ms: st.config().lateness.0,
+            mqtt: st.mqtt().map(|m| m.ready()),
             shards: st.shards().len() as u64,
             status: ReadyStatus::Ready,
             watermark: st.watermark(),

@@ -60,9 +60,10 @@ pub struct WebhookOut {
 
 impl From<SinkInfo> for WebhookOut {
     fn from(info: SinkInfo) -> WebhookOut {
+        let url = info.spec.public_url();
         let SinkSpec {
             id,
-            url,
+            url: _,
             secret: _,
             types,
             fences,

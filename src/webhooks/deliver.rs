@@ -1,5 +1,5 @@
-//! One delivery attempt: POST one event's JSON to a sink with the Standard Webhooks headers, and
-//! classify the answer.
+//! One delivery attempt: POST one event's JSON to a sink with the Standard Webhooks headers (or,
+//! for an MQTT or NATS sink, publish it: [`crate::webhooks::brokers`]), and classify the answer.
 //!
 //! Invariants: the body is exactly the event JSON the event log serialized (the same bytes as the
 //! WebSocket feed and the store), and the signature covers exactly that body; only a 2xx answer
@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use reqwest::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 
 use crate::outbound::TargetPolicy;
-use crate::webhooks::spec::{SinkSpec, sign};
+use crate::webhooks::spec::{SinkKind, SinkSpec, sign};
 
 /// Header carrying the event id (stable across retries: receivers dedupe on it).
 pub const HEADER_ID: &str = "webhook-id";
@@ -71,6 +71,24 @@ fn error_chain(e: &reqwest::Error) -> String {
     out
 }
 
+/// One attempt through the sink's transport: a signed POST for http(s), else a publish to its
+/// broker over the sink's own connection `conn`.
+pub async fn attempt(
+    client: &reqwest::Client,
+    policy: TargetPolicy,
+    conn: &mut crate::webhooks::brokers::Conn,
+    spec: &SinkSpec,
+    event_id: &str,
+    body: &str,
+) -> Attempt {
+    match spec.kind() {
+        SinkKind::Http => post(client, policy, spec, event_id, body).await,
+        SinkKind::Mqtt | SinkKind::Nats => {
+            crate::webhooks::brokers::send(conn, policy, spec, event_id, body).await
+        }
+    }
+}
+
 /// POSTs `body` (one event's JSON, whose id is `event_id`) to the sink.
 pub async fn post(
     client: &reqwest::Client,
@@ -91,7 +109,9 @@ pub async fn post(
         };
     }
     let ts = unix_now();
-    let signature = sign(spec.secret.key(), event_id, ts, body.as_bytes());
+    // An http(s) sink always has a secret (checked when the spec was built).
+    let key = spec.secret.as_ref().map_or(&[][..], |s| s.key());
+    let signature = sign(key, event_id, ts, body.as_bytes());
     let timeout = Duration::from_millis(spec.timeout.millis().max(1) as u64);
     let sent = client
         .post(&spec.url)

@@ -22,6 +22,7 @@
 //!
 //! See `docs/webhooks.md`.
 
+pub mod brokers;
 pub mod deliver;
 pub mod shared;
 pub mod sink;
@@ -362,7 +363,7 @@ impl Webhooks {
         if let Some(shared) = &self.shared {
             let s = self.create_shared(shared, spec, cursor).await?;
             self.update_gauges();
-            tracing::info!(webhook = %s.spec.id, url = %s.spec.url, cursor, "webhook created");
+            tracing::info!(webhook = %s.spec.id, url = %s.spec.public_url(), cursor, "webhook created");
             return Ok(self.info(&s));
         }
         let s = {
@@ -408,7 +409,7 @@ impl Webhooks {
         }
         self.spawn(s.clone());
         self.update_gauges();
-        tracing::info!(webhook = %s.spec.id, url = %s.spec.url, cursor, "webhook created");
+        tracing::info!(webhook = %s.spec.id, url = %s.spec.public_url(), cursor, "webhook created");
         Ok(self.info(&s))
     }
 

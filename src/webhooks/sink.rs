@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 use crate::events::{Chunk, EventFilter, EventLog, LogCursor};
 use crate::store::Store;
 use crate::telemetry as t;
+use crate::webhooks::brokers;
 use crate::webhooks::deliver::{self, Attempt};
 use crate::webhooks::spec::{SinkSpec, backoff_cap, full_jitter};
 use geodwell_core::event::EventKind;
@@ -173,6 +174,12 @@ struct Item {
     kind: EventKind,
     fence: Arc<str>,
     json: Arc<str>,
+}
+
+/// A sink task's own means: its broker connection and its jitter source.
+struct Io {
+    conn: brokers::Conn,
+    rng: Rng,
 }
 
 enum Outcome {
@@ -452,7 +459,7 @@ impl Sink {
 
     /// Sends one event, retrying with backoff until it is delivered, attempts run out, or the
     /// sink stops.
-    async fn deliver(&self, ctx: &Ctx, rng: &mut Rng, id: &str, body: &str) -> Outcome {
+    async fn deliver(&self, ctx: &Ctx, io: &mut Io, id: &str, body: &str) -> Outcome {
         let sink = self.spec.id.clone();
         let mut attempt = 0u32;
         loop {
@@ -465,7 +472,7 @@ impl Sink {
             let started = Instant::now();
             let res = tokio::select! {
                 _ = self.stop.cancelled() => return Outcome::Stopped,
-                a = deliver::post(&ctx.client, ctx.policy, &self.spec, id, body) => a,
+                a = deliver::attempt(&ctx.client, ctx.policy, &mut io.conn, &self.spec, id, body) => a,
             };
             histogram!(t::WEBHOOK_DELIVERY_SECONDS, "sink" => sink.clone())
                 .record(started.elapsed().as_secs_f64());
@@ -493,7 +500,7 @@ impl Sink {
                     }
                     let max = Duration::from_millis(self.spec.backoff_max.millis() as u64);
                     let cap = backoff_cap(self.spec.backoff_base, self.spec.backoff_max, attempt);
-                    let mut delay = full_jitter(cap, rng.next_u64());
+                    let mut delay = full_jitter(cap, io.rng.next_u64());
                     if let Some(ra) = retry_after {
                         delay = delay.max(ra.min(max));
                     }
@@ -509,13 +516,13 @@ impl Sink {
 
     /// Re-sends every dead letter held when called (oldest first). Delivered ones leave the
     /// list; failed ones stay with their attempts added up. Returns false if the sink stopped.
-    async fn redeliver(&self, ctx: &Ctx, rng: &mut Rng) -> bool {
+    async fn redeliver(&self, ctx: &Ctx, io: &mut Io) -> bool {
         let todo = self.dead_letters();
         for dl in todo {
             if self.stop.is_cancelled() {
                 return false;
             }
-            let outcome = self.deliver(ctx, rng, &dl.id, dl.event.get()).await;
+            let outcome = self.deliver(ctx, io, &dl.id, dl.event.get()).await;
             let mut st = self.lock();
             // It may have been cleared (or pushed out) meanwhile.
             let Some(pos) = st.dead.iter().position(|d| d.seq == dl.seq) else {
@@ -544,12 +551,15 @@ impl Sink {
     pub(crate) async fn run(self: Arc<Self>, ctx: Ctx) {
         let seed = std::collections::hash_map::RandomState::new()
             .hash_one((&self.spec.id, std::time::SystemTime::now()));
-        let mut rng = Rng::seed_from_u64(seed);
+        let mut io = Io {
+            conn: brokers::Conn::default(),
+            rng: Rng::seed_from_u64(seed),
+        };
         let mut head = ctx.log.watch();
         'run: while !self.stop.is_cancelled() {
             let retry = std::mem::take(&mut self.lock().retry_requested);
             if retry {
-                if !self.redeliver(&ctx, &mut rng).await {
+                if !self.redeliver(&ctx, &mut io).await {
                     break;
                 }
                 continue;
@@ -572,7 +582,7 @@ impl Sink {
                     self.advance(item.seq + 1);
                     continue;
                 }
-                match self.deliver(&ctx, &mut rng, &item.id, &item.json).await {
+                match self.deliver(&ctx, &mut io, &item.id, &item.json).await {
                     Outcome::Delivered => self.advance(item.seq + 1),
                     Outcome::Exhausted { attempts, error } => {
                         self.dead_letter(&item, attempts, error)

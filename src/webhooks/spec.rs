@@ -98,15 +98,30 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// One validated webhook sink definition.
+/// How a sink's events leave: chosen by its URL's scheme.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SinkKind {
+    /// `http://` / `https://`: a signed POST per event (Standard Webhooks).
+    Http,
+    /// `mqtt://` / `mqtts://host[:port]/<topic template>`: a QoS 1 PUBLISH per event.
+    Mqtt,
+    /// `nats://host[:port]/<subject template>`: a JetStream publish (`Nats-Msg-Id` = event id)
+    /// when a stream holds the subject, else a core publish.
+    Nats,
+}
+
+/// The placeholders a topic or subject template may hold, filled from the event.
+pub const PLACEHOLDERS: &[&str] = &["{fence}", "{type}", "{device}"];
+
+/// One validated sink definition (webhook, MQTT or NATS).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SinkSpec {
     /// Unique id: 1..=64 of `A-Z a-z 0-9 _ . -`.
     pub id: String,
-    /// Where events are POSTed (http or https).
+    /// Where events go: an http(s) receiver, or an MQTT or NATS server and topic template.
     pub url: String,
-    /// Signing secret.
-    pub secret: Secret,
+    /// Signing secret: required for http(s), not used (and refused) for MQTT and NATS.
+    pub secret: Option<Secret>,
     /// Event types delivered; empty = every type.
     pub types: Vec<EventKind>,
     /// Fence id glob patterns (`*`, `?`); an event is delivered when its fence matches one;
@@ -217,26 +232,121 @@ fn check_id(id: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Checks a sink URL: absolute http or https with a host, no credentials or fragment.
-pub fn check_url(url: &str) -> Result<(), String> {
+/// Checks a sink URL and tells its kind: absolute http(s) with a host and no credentials or
+/// fragment; or `mqtt://`, `mqtts://`, `nats://` with a host and a topic (subject) template as
+/// its path, credentials allowed (`user:password@`, the broker's own authentication).
+pub fn check_url(url: &str) -> Result<SinkKind, String> {
     let u = reqwest::Url::parse(url).map_err(|e| format!("not a URL ({e}): {url:?}"))?;
-    if !matches!(u.scheme(), "http" | "https") {
-        return Err(format!("must be http:// or https://, got {url:?}"));
-    }
+    let kind = match u.scheme() {
+        "http" | "https" => SinkKind::Http,
+        "mqtt" | "mqtts" => SinkKind::Mqtt,
+        "nats" => SinkKind::Nats,
+        _ => {
+            return Err(format!(
+                "must be http://, https://, mqtt://, mqtts:// or nats://, got {url:?}"
+            ));
+        }
+    };
     if u.host_str().is_none_or(str::is_empty) {
         return Err(format!("must name a host, got {url:?}"));
-    }
-    if !u.username().is_empty() || u.password().is_some() {
-        return Err(
-            "must not carry credentials (user:password@); the signature authenticates \
-                    the sender"
-                .into(),
-        );
     }
     if u.fragment().is_some() {
         return Err(format!("must not have a #fragment, got {url:?}"));
     }
+    match kind {
+        SinkKind::Http => {
+            if !u.username().is_empty() || u.password().is_some() {
+                return Err(
+                    "must not carry credentials (user:password@); the signature authenticates \
+                    the sender"
+                        .into(),
+                );
+            }
+        }
+        SinkKind::Mqtt | SinkKind::Nats => {
+            if u.query().is_some() {
+                return Err(format!("must not have a ?query, got {url:?}"));
+            }
+            check_template(kind, &destination_template(&u))?;
+        }
+    }
+    Ok(kind)
+}
+
+/// The topic or subject template of an MQTT or NATS URL: its path without the leading `/`,
+/// percent-decoded (so `{fence}` may be written as is or escaped).
+pub fn destination_template(u: &reqwest::Url) -> String {
+    let path = u.path().strip_prefix('/').unwrap_or(u.path());
+    crate::outbound::percent_decode(path)
+}
+
+/// Checks a topic (MQTT) or subject (NATS) template: not empty, at most 200 bytes, no
+/// wildcards, placeholders only from [`PLACEHOLDERS`]; a NATS subject has no empty token.
+fn check_template(kind: SinkKind, t: &str) -> Result<(), String> {
+    let what = if kind == SinkKind::Mqtt {
+        "topic"
+    } else {
+        "subject"
+    };
+    if t.is_empty() {
+        return Err(format!(
+            "the URL's path is the {what} to publish to and must not be empty \
+             (e.g. mqtt://broker:1883/geodwell/events/{{fence}}/{{type}})"
+        ));
+    }
+    if t.len() > 200 {
+        return Err(format!("the {what} template must be at most 200 bytes"));
+    }
+    let mut rest = t;
+    while let Some(open) = rest.find('{') {
+        let Some(close) = rest[open..].find('}') else {
+            return Err(format!("unclosed '{{' in the {what} template {t:?}"));
+        };
+        let ph = &rest[open..open + close + 1];
+        if !PLACEHOLDERS.contains(&ph) {
+            return Err(format!(
+                "unknown placeholder {ph} in the {what} template; known: {}",
+                PLACEHOLDERS.join(", ")
+            ));
+        }
+        rest = &rest[open + close + 1..];
+    }
+    let bad: &[char] = if kind == SinkKind::Mqtt {
+        &['+', '#', '\0']
+    } else {
+        &['*', '>', ' ', '\t', '\r', '\n']
+    };
+    if let Some(c) = t.chars().find(|c| bad.contains(c)) {
+        return Err(format!(
+            "the {what} template must not contain {c:?} (a wildcard or a separator)"
+        ));
+    }
+    if kind == SinkKind::Nats && t.split('.').any(str::is_empty) {
+        return Err(format!("the subject template {t:?} has an empty token"));
+    }
     Ok(())
+}
+
+/// Fills a template with an event's fence, type and device. A value's characters that the
+/// destination reserves (MQTT: `+`, `#`, `/`; NATS: `.`, `*`, `>`, whitespace) become `_`, so
+/// one event always makes one topic level or subject token per placeholder.
+pub fn fill_template(kind: SinkKind, t: &str, fence: &str, kind_str: &str, device: &str) -> String {
+    let clean = |v: &str| -> String {
+        let v: String = v
+            .chars()
+            .map(|c| {
+                let reserved = match kind {
+                    SinkKind::Mqtt => matches!(c, '+' | '#' | '/' | '\0'),
+                    _ => matches!(c, '.' | '*' | '>') || c.is_whitespace(),
+                };
+                if reserved { '_' } else { c }
+            })
+            .collect();
+        if v.is_empty() { "_".into() } else { v }
+    };
+    t.replace("{fence}", &clean(fence))
+        .replace("{type}", &clean(kind_str))
+        .replace("{device}", &clean(device))
 }
 
 impl SinkSpec {
@@ -271,22 +381,44 @@ impl SinkSpec {
         };
         let id = text("id", &mut issues);
         let url = text("url", &mut issues);
-        let secret = text("secret", &mut issues);
+        let secret = match obj.get("secret") {
+            None => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(other) => {
+                issues.push(("secret".into(), format!("expected a string, got {other}")));
+                None
+            }
+        };
         if let Some(id) = &id
             && let Err(e) = check_id(id)
         {
             issues.push(("id".into(), e));
         }
-        if let Some(url) = &url
-            && let Err(e) = check_url(url)
-        {
-            issues.push(("url".into(), e));
-        }
-        let secret = secret.and_then(|s| {
-            Secret::parse(&s)
-                .map_err(|e| issues.push(("secret".into(), e)))
+        let kind = url.as_deref().and_then(|u| {
+            check_url(u)
+                .map_err(|e| issues.push(("url".into(), e)))
                 .ok()
         });
+        let secret = match (kind, secret) {
+            (Some(SinkKind::Mqtt | SinkKind::Nats), Some(_)) => {
+                issues.push((
+                    "secret".into(),
+                    "MQTT and NATS sinks are not signed (the broker authenticates the \
+                     publisher); leave it out"
+                        .into(),
+                ));
+                None
+            }
+            (Some(SinkKind::Mqtt | SinkKind::Nats), None) => None,
+            (Some(SinkKind::Http), None) => {
+                issues.push(("secret".into(), "is required for an http(s) sink".into()));
+                None
+            }
+            (_, Some(s)) => Secret::parse(&s)
+                .map_err(|e| issues.push(("secret".into(), e)))
+                .ok(),
+            (None, None) => None,
+        };
         let mut types = Vec::new();
         for t in get_list(obj, "types", &mut issues) {
             match EventKind::parse(t.trim()) {
@@ -321,8 +453,8 @@ impl SinkSpec {
             .map_or(DEFAULT_MAX_DEAD_LETTERS, |n| n as usize);
         let max_backlog = get_int(obj, "max_backlog", 1, 1_000_000_000, &mut issues)
             .unwrap_or(DEFAULT_MAX_BACKLOG);
-        match (id, url, secret) {
-            (Some(id), Some(url), Some(secret)) if issues.is_empty() => Ok(SinkSpec {
+        match (id, url) {
+            (Some(id), Some(url)) if issues.is_empty() => Ok(SinkSpec {
                 id,
                 url,
                 secret,
@@ -339,11 +471,27 @@ impl SinkSpec {
         }
     }
 
-    /// The definition as the API shows it: every field but the secret.
+    /// The sink's kind, from its URL (checked when the spec was built).
+    pub fn kind(&self) -> SinkKind {
+        check_url(&self.url).unwrap_or(SinkKind::Http)
+    }
+
+    /// The URL as the API shows it: a password in it (MQTT, NATS) replaced by `***`.
+    pub fn public_url(&self) -> String {
+        match reqwest::Url::parse(&self.url) {
+            Ok(mut u) if u.password().is_some() => {
+                let _ = u.set_password(Some("***"));
+                u.to_string()
+            }
+            _ => self.url.clone(),
+        }
+    }
+
+    /// The definition as the API shows it: every field but the secret (and a URL's password).
     pub fn public_json(&self) -> Value {
         json!({
             "id": self.id,
-            "url": self.url,
+            "url": self.public_url(),
             "types": (!self.types.is_empty()).then(|| self.types.iter().map(|t| t.as_str()).collect::<Vec<_>>()),
             "fences": (!self.fences.is_empty()).then(|| self.fences.clone()),
             "max_attempts": self.max_attempts,
@@ -361,7 +509,10 @@ impl SinkSpec {
         let mut v = self.public_json();
         if let Some(o) = v.as_object_mut() {
             o.retain(|_, v| !v.is_null());
-            o.insert("secret".into(), Value::String(self.secret.text.clone()));
+            o.insert("url".into(), Value::String(self.url.clone()));
+            if let Some(secret) = &self.secret {
+                o.insert("secret".into(), Value::String(secret.text.clone()));
+            }
         }
         v.to_string()
     }
@@ -483,7 +634,9 @@ mod tests {
             assert!(fields.contains(&f), "{f} missing from {errs:?}");
         }
         let missing = SinkSpec::from_json(&json!({}), &[]).unwrap_err();
-        assert_eq!(missing.len(), 3, "{missing:?}");
+        // Whether a secret is needed depends on the URL's scheme, so with no URL only the id
+        // and the URL are reported missing.
+        assert_eq!(missing.len(), 2, "{missing:?}");
         assert!(SinkSpec::from_json(&json!([1]), &[]).is_err());
     }
 
@@ -506,6 +659,71 @@ mod tests {
         for good in ["http://127.0.0.1:9000/x?y=1", "https://hooks.example.com"] {
             assert!(check_url(good).is_ok(), "{good}");
         }
+    }
+
+    #[test]
+    fn broker_sinks_have_a_checked_template_and_no_secret() {
+        let ok = |url: &str| SinkSpec::from_json(&json!({"id": "b", "url": url}), &[]);
+        let s = ok("mqtt://u:p%40ss@broker:1883/geodwell/{fence}/{type}").unwrap();
+        assert_eq!(s.kind(), SinkKind::Mqtt);
+        assert!(s.secret.is_none());
+        assert_eq!(
+            s.public_url(),
+            "mqtt://u:***@broker:1883/geodwell/%7Bfence%7D/%7Btype%7D"
+        );
+        assert!(
+            s.to_stored_json().contains("p%40ss"),
+            "the store keeps the password"
+        );
+        assert_eq!(
+            ok("nats://n:4222/ev.{device}").unwrap().kind(),
+            SinkKind::Nats
+        );
+        for bad in [
+            "mqtt://broker",
+            "mqtt://broker/a/+/b",
+            "mqtt://broker/a/#",
+            "mqtt://broker/{nope}",
+            "mqtt://broker/{fence",
+            "nats://n/a..b",
+            "nats://n/a.*",
+            "nats://n/a.>",
+            "nats://n/a?x=1",
+            "ftp://h/x",
+        ] {
+            assert!(ok(bad).is_err(), "{bad}");
+        }
+        let e = SinkSpec::from_json(
+            &json!({"id": "b", "url": "nats://n/x", "secret": SECRET}),
+            &[],
+        )
+        .unwrap_err();
+        assert_eq!(e[0].0, "secret");
+        let e = SinkSpec::from_json(&json!({"id": "h", "url": "https://h/x"}), &[]).unwrap_err();
+        assert_eq!(e[0].0, "secret", "an http sink needs its secret");
+    }
+
+    #[test]
+    fn templates_make_one_level_or_token_per_placeholder() {
+        let t = "geo/{fence}/{type}/{device}";
+        assert_eq!(
+            fill_template(SinkKind::Mqtt, t, "a/b", "enter", "x+y#"),
+            "geo/a_b/enter/x_y_"
+        );
+        assert_eq!(
+            fill_template(
+                SinkKind::Nats,
+                "geo.{fence}.{device}",
+                "depot.1",
+                "dwell",
+                "t 1>*"
+            ),
+            "geo.depot_1.t_1__"
+        );
+        assert_eq!(
+            fill_template(SinkKind::Nats, "g.{device}", "f", "exit", ""),
+            "g._"
+        );
     }
 
     #[test]

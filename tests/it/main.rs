@@ -24,6 +24,7 @@ mod fences_api;
 mod first_impression;
 mod hardening;
 mod lifecycle;
+mod mqtt;
 mod openapi;
 mod replay;
 mod simulate;

@@ -1,0 +1,576 @@
+//! MQTT and NATS integrations against real brokers and real clients: the machine's Mosquitto
+//! (127.0.0.1:1883) and NATS (127.0.0.1:4222, JetStream) for the end-to-end paths, and a
+//! Mosquitto of the test's own (a free port, persistence in a temp dir) to restart mid-run.
+//! Publishers and subscribers are Debian's `mosquitto_pub` / `mosquitto_sub` (mosquitto-clients,
+//! which `.ci/run` installs when missing). Every topic and subject carries a run id, so tests
+//! on the shared brokers never see each other's messages.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+use serde_json::{Value, json};
+
+/// A run id: unique per test process and call.
+fn run_id(what: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!("{what}{}x{nanos}", std::process::id())
+}
+
+/// `mosquitto_pub -q 1`: true once the broker acknowledged the message.
+fn publish(port: u16, topic: &str, payload: &str) -> bool {
+    Command::new("mosquitto_pub")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-q", "1"])
+        .args(["-t", topic, "-m", payload])
+        .stderr(Stdio::null())
+        .status()
+        .expect("mosquitto_pub runs (Debian's mosquitto-clients)")
+        .success()
+}
+
+/// Publishes until the broker acknowledges (a broker restarting refuses for a moment).
+fn publish_acked(port: u16, topic: &str, payload: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !publish(port, topic, payload) {
+        assert!(Instant::now() < deadline, "the broker never took {topic}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `mosquitto_sub -v` with a persistent session (`-c -i`), lines collected on a thread.
+struct Sub {
+    _child: Proc,
+    lines: Arc<Mutex<Vec<(String, Value)>>>,
+}
+
+impl Sub {
+    fn start(port: u16, filter: &str, id: &str) -> Sub {
+        let mut child = Proc(
+            Command::new("mosquitto_sub")
+                .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-q", "1", "-v"])
+                .args(["-c", "-i", id, "-t", filter])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("mosquitto_sub runs"),
+        );
+        let out = child.0.stdout.take().unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                if let Some((topic, body)) = l.split_once(' ')
+                    && let Ok(v) = serde_json::from_str::<Value>(body)
+                {
+                    sink.lock().unwrap().push((topic.to_string(), v));
+                }
+            }
+        });
+        Sub {
+            _child: child,
+            lines,
+        }
+    }
+
+    fn got(&self) -> Vec<(String, Value)> {
+        self.lines.lock().unwrap().clone()
+    }
+
+    /// Waits until the messages' distinct event ids include all of `ids`.
+    async fn wait_ids(&self, ids: &[String]) -> Vec<(String, Value)> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let got = self.got();
+            let seen: std::collections::HashSet<&str> =
+                got.iter().filter_map(|(_, v)| v["id"].as_str()).collect();
+            let missing: Vec<&String> = ids.iter().filter(|i| !seen.contains(i.as_str())).collect();
+            if missing.is_empty() {
+                return got;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} of {} events never arrived on MQTT, e.g. {:?}",
+                missing.len(),
+                ids.len(),
+                missing.first()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// A Mosquitto of the test's own, with persistence, that can be restarted on its port.
+struct Broker {
+    port: u16,
+    conf: std::path::PathBuf,
+    child: Option<Proc>,
+    _dir: tempfile::TempDir,
+}
+
+impl Broker {
+    fn start() -> Broker {
+        let dir = temp_dir();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        // Mosquitto started as root drops to its own user: it must be able to write its
+        // persistence file here, or sessions would not survive the restart.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let conf = dir.path().join("mosquitto.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\n\
+                 persistence_location {}/\nmax_queued_messages 100000\n",
+                dir.path().display()
+            ),
+        )
+        .unwrap();
+        let mut b = Broker {
+            port,
+            conf,
+            child: None,
+            _dir: dir,
+        };
+        b.run();
+        b
+    }
+
+    fn run(&mut self) {
+        let bin = ["/usr/sbin/mosquitto", "mosquitto"]
+            .into_iter()
+            .find(|b| !b.starts_with('/') || std::path::Path::new(b).exists())
+            .unwrap();
+        let child = Command::new(bin)
+            .arg("-c")
+            .arg(&self.conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("mosquitto (the broker) runs");
+        self.child = Some(Proc(child));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "mosquitto did not listen");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stops the broker the way a service manager does (SIGTERM: it saves its sessions and
+    /// queued messages) and starts it again on the same port.
+    fn restart(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            unsafe { libc::kill(c.0.id() as i32, libc::SIGTERM) };
+            let _ = c.0.wait();
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        self.run();
+    }
+}
+
+async fn all_events(srv_base: &str, http: &reqwest::Client) -> Vec<Value> {
+    let v: Value = http
+        .get(format!("{srv_base}/v1/events?from_seq=0&limit=10000"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["events"].as_array().cloned().unwrap_or_default()
+}
+
+fn ids(evs: &[Value]) -> Vec<String> {
+    evs.iter()
+        .map(|e| e["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Polls until `cond` holds for the server's events (generous: the machine is shared).
+async fn wait_events(
+    base: &str,
+    http: &reqwest::Client,
+    what: &str,
+    cond: impl Fn(&[Value]) -> bool,
+) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let evs = all_events(base, http).await;
+        if cond(&evs) {
+            return evs;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: never; {} events",
+            evs.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// OwnTracks' MQTT mode (topic `owntracks/<user>/<device>`, the booklet's location payload) and
+/// generic JSON fixes on another topic become fixes and events; an unreadable message is one
+/// rejected fix and changes nothing else; `/readyz` and the metrics show the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owntracks_and_json_messages_become_fixes_and_events() {
+    let run = run_id("ot");
+    let srv = start(&format!(
+        "[time]\nclock = \"event\"\nlateness = \"0s\"\n[mqtt]\nurl = \"mqtt://127.0.0.1:1883\"\n\
+         topics = [\"owntracks/{run}/+\", \"gd/{run}/fixes/#\"]\nclient_id = \"{run}\"\n"
+    ))
+    .await;
+    assert_eq!(
+        srv.put_fence("depot", square("depot", json!({})))
+            .await
+            .status(),
+        201
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, r) = srv.get("/readyz").await;
+        if r["mqtt"]["connected"] == true {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never connected: {r}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The booklet's location message, inside the depot.
+    let tst = T0 / 1000;
+    let loc = |tst: i64, inside: bool| {
+        let (lat, lon) = if inside {
+            (50.005, 10.005)
+        } else {
+            (50.05, 10.05)
+        };
+        json!({"_type": "location", "tid": "ph", "lat": lat, "lon": lon, "tst": tst,
+               "acc": 12, "batt": 80, "conn": "w", "vel": 18, "t": "u"})
+        .to_string()
+    };
+    assert!(publish(
+        1883,
+        &format!("owntracks/{run}/phone"),
+        &loc(tst, true)
+    ));
+    // Other message types are no fix; neither is an empty (retained-clearing) payload.
+    let lwt = json!({"_type": "lwt", "tst": tst}).to_string();
+    assert!(publish(1883, &format!("owntracks/{run}/phone"), &lwt));
+    // Generic fixes, one message holding an array.
+    let batch = json!([fix("truck-1", 0, true), fix("truck-2", 0, true)]).to_string();
+    assert!(publish(1883, &format!("gd/{run}/fixes/a"), &batch));
+    assert!(publish(1883, &format!("gd/{run}/fixes/a"), "not json"));
+    assert!(publish(
+        1883,
+        &format!("gd/{run}/fixes/b"),
+        &fix("truck-1", 60, false).to_string()
+    ));
+    assert!(publish(
+        1883,
+        &format!("owntracks/{run}/phone"),
+        &loc(tst + 60, false)
+    ));
+    let want = |evs: &[Value]| evs.len() >= 5;
+    let evs = wait_events(&srv.base, &srv.http, "5 events", want).await;
+    let mut got: Vec<(String, String)> = evs
+        .iter()
+        .map(|e| {
+            (
+                e["device"].as_str().unwrap().to_string(),
+                e["type"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    got.sort();
+    let me = format!("{run}/phone");
+    let mut expect = vec![
+        (me.clone(), "enter".to_string()),
+        (me.clone(), "exit".to_string()),
+        ("truck-1".into(), "enter".into()),
+        ("truck-1".into(), "exit".into()),
+        ("truck-2".into(), "enter".into()),
+    ];
+    expect.sort();
+    assert_eq!(got, expect);
+    let enter = evs
+        .iter()
+        .find(|e| e["device"] == me.as_str() && e["type"] == "enter")
+        .unwrap();
+    assert_eq!(enter["lat"], 50.005, "{enter}");
+    assert_eq!(enter["accuracy"], 12.0, "{enter}");
+    let (s, d) = srv
+        .get(&format!("/v1/devices/{}", me.replace('/', "%2F")))
+        .await;
+    assert_eq!(s, 200, "{d}");
+    let metrics = srv
+        .http
+        .get(srv.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    // This is the one in-process server reading MQTT; `malformed_json` is shared with others.
+    for line in [
+        "geodwell_fixes_received_total{transport=\"mqtt\"} 6",
+        "geodwell_mqtt_connected 1",
+        "geodwell_mqtt_messages_total 6",
+        "geodwell_fixes_rejected_total{reason=\"malformed_json\"} ",
+    ] {
+        assert!(metrics.contains(line), "{line} missing:\n{metrics}");
+    }
+    srv.stop().await;
+}
+
+/// Events reach an MQTT topic (QoS 1, templated by fence and type), a NATS subject held by a
+/// JetStream stream (one stream message per event, `Nats-Msg-Id` = event id) and a plain NATS
+/// subject, each as the event's JSON; filters apply as for webhooks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_reach_an_mqtt_topic_a_nats_stream_and_a_nats_subject() {
+    let run = run_id("sk");
+    let sub = Sub::start(1883, &format!("gd/{run}/events/#"), &format!("{run}-sub"));
+    let nats = async_nats::connect("127.0.0.1:4222")
+        .await
+        .expect("the machine's NATS at 127.0.0.1:4222");
+    let js = async_nats::jetstream::new(nats.clone());
+    let stream_name = format!("GDTEST_{}", run.to_uppercase());
+    let mut stream = js
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: stream_name.clone(),
+            subjects: vec![format!("gdjs.{run}.>")],
+            max_messages: 10_000,
+            ..Default::default()
+        })
+        .await
+        .expect("JetStream is on at 127.0.0.1:4222");
+    let mut core = nats.subscribe(format!("gdcore.{run}.>")).await.unwrap();
+    nats.flush().await.unwrap();
+
+    let srv = start("[time]\nclock = \"event\"\nlateness = \"0s\"\n").await;
+    assert_eq!(
+        srv.put_fence("depot", square("depot", json!({})))
+            .await
+            .status(),
+        201
+    );
+    let sinks = [
+        json!({"id": "mq", "url": format!("mqtt://127.0.0.1:1883/gd/{run}/events/{{fence}}/{{type}}")}),
+        json!({"id": "js", "url": format!("nats://127.0.0.1:4222/gdjs.{run}.{{fence}}.{{type}}")}),
+        json!({"id": "core", "url": format!("nats://127.0.0.1:4222/gdcore.{run}.{{device}}"), "types": ["enter"]}),
+    ];
+    for s in &sinks {
+        let r = srv
+            .http
+            .post(srv.url("/v1/webhooks"))
+            .json(s)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    }
+    // A secret on a broker sink is refused (nothing would sign with it).
+    let r = srv
+        .http
+        .post(srv.url("/v1/webhooks"))
+        .json(&json!({"id": "x", "url": "mqtt://127.0.0.1:1883/t", "secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSwZbMA3wnmMvI="}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 422);
+    let devices: Vec<String> = (0..10).map(|i| format!("v.{i}")).collect();
+    for (secs, inside) in [(0, true), (60, false)] {
+        let fixes: Vec<Value> = devices.iter().map(|d| fix(d, secs, inside)).collect();
+        let (s, rep) = srv.post_fixes(json!(fixes)).await;
+        assert_eq!(s, 200, "{rep}");
+    }
+    let evs = wait_events(&srv.base, &srv.http, "20 events", |e| e.len() >= 20).await;
+    let want = ids(&evs);
+    // MQTT: every event on its fence/type topic, the body the event's JSON.
+    let got = sub.wait_ids(&want).await;
+    for (topic, v) in &got {
+        assert_eq!(
+            topic,
+            &format!("gd/{run}/events/depot/{}", v["type"].as_str().unwrap())
+        );
+        let e = evs.iter().find(|e| e["id"] == v["id"]).unwrap();
+        assert_eq!(v, e);
+    }
+    // JetStream: one message per event, deduplicated by id.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let info = stream.info().await.unwrap();
+        if info.state.messages >= 20 {
+            assert_eq!(info.state.messages, 20, "one stream message per event");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "stream holds {}",
+            info.state.messages
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for seq in 1..=20u64 {
+        let m = stream.get_raw_message(seq).await.unwrap();
+        let v: Value = serde_json::from_slice(&m.payload).unwrap();
+        let msg_id = m
+            .headers
+            .get(async_nats::header::NATS_MESSAGE_ID)
+            .map(|h| h.as_str().to_string());
+        assert_eq!(msg_id.as_deref(), v["id"].as_str());
+        assert_eq!(
+            m.subject.as_str(),
+            format!("gdjs.{run}.depot.{}", v["type"].as_str().unwrap())
+        );
+    }
+    // Core NATS: the ENTERs only (the sink's filter), on per-device subjects ('.' in a device
+    // id becomes '_', so one id is one token).
+    use futures_util::StreamExt;
+    let mut enters = Vec::new();
+    while enters.len() < 10 {
+        let m = tokio::time::timeout(Duration::from_secs(60), core.next())
+            .await
+            .expect("ENTERs on the core subject")
+            .unwrap();
+        let v: Value = serde_json::from_slice(&m.payload).unwrap();
+        assert_eq!(v["type"], "enter");
+        let dev = v["device"].as_str().unwrap().replace('.', "_");
+        assert_eq!(m.subject.as_str(), format!("gdcore.{run}.{dev}"));
+        enters.push(v["id"].as_str().unwrap().to_string());
+    }
+    let (_, st) = srv.get("/v1/webhooks/js").await;
+    assert_eq!(st["status"]["dead_lettered"], 0, "{st}");
+    assert_eq!(
+        st["url"],
+        format!("nats://127.0.0.1:4222/gdjs.{run}.{{fence}}.{{type}}")
+    );
+    js.delete_stream(&stream_name).await.unwrap();
+    drop(sub);
+    srv.stop().await;
+}
+
+/// Fixes over MQTT and events out over MQTT while the broker restarts and geodwell is killed
+/// (`kill -9`) mid-run: every fix the broker acknowledged to the publisher is applied exactly
+/// once (the events equal those of the input, no id twice), and every event reaches the
+/// subscriber at least once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_restart_and_a_kill_9_lose_no_fix_and_no_event() {
+    let run = run_id("rs");
+    let mut broker = Broker::start();
+    let port = broker.port;
+    let sub = Sub::start(port, "gd/events/#", &format!("{run}-sub"));
+    let dir = temp_dir();
+    let url = format!("mqtt://127.0.0.1:{port}");
+    let client_id = format!("{run}-geodwell");
+    let env = [
+        ("GEODWELL_MQTT_URL", url.as_str()),
+        ("GEODWELL_MQTT_TOPICS", "gd/fixes/#"),
+        ("GEODWELL_MQTT_CLIENT_ID", client_id.as_str()),
+    ];
+    let http = reqwest::Client::new();
+    let (mut child, mut base) = spawn_bin(dir.path(), "0s", &env);
+    let r = http
+        .put(format!("{base}/v1/fences/depot"))
+        .json(&square("depot", json!({})))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let r = http
+        .post(format!("{base}/v1/webhooks"))
+        .json(&json!({"id": "out", "url": format!("mqtt://127.0.0.1:{port}/gd/events/{{device}}/{{type}}"),
+                      "timeout": "2s", "backoff_base": "50ms", "backoff_max": "500ms", "max_attempts": 100}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    // Wait for the ingest subscription before the first message (the session starts then).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r: Value = http
+            .get(format!("{base}/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if r["mqtt"]["connected"] == true {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never connected: {r}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let devices: Vec<String> = (0..20).map(|i| format!("d{i}")).collect();
+    const ROUNDS: i64 = 10;
+    for round in 0..ROUNDS {
+        // In on even rounds, out on odd: one ENTER or EXIT per device per round.
+        let fixes: Vec<Value> = devices
+            .iter()
+            .map(|d| fix(d, round * 60, round % 2 == 0))
+            .collect();
+        publish_acked(port, "gd/fixes/all", &json!(fixes).to_string());
+        if round == 3 {
+            broker.restart();
+        }
+        if round == 6 {
+            child.0.kill().unwrap();
+            let _ = child.0.wait();
+            // Messages published while geodwell is away wait in its session at the broker.
+            publish_acked(
+                port,
+                "gd/fixes/all",
+                &json!(
+                    devices
+                        .iter()
+                        .map(|d| fix(d, 7 * 60, false))
+                        .collect::<Vec<_>>()
+                )
+                .to_string(),
+            );
+            let (c, b) = spawn_bin(dir.path(), "0s", &env);
+            (child, base) = (c, b);
+        }
+    }
+    // Round 7's fixes were published above already; publishing them again is a duplicate.
+    let total = devices.len() * ROUNDS as usize;
+    let evs = wait_events(&base, &http, "every fix applied", |e| e.len() >= total).await;
+    assert_eq!(evs.len(), total, "no event twice, none lost");
+    let mut per_device: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+    for e in &evs {
+        per_device
+            .entry(e["device"].as_str().unwrap())
+            .or_default()
+            .push(e["type"].as_str().unwrap());
+    }
+    for d in &devices {
+        let want: Vec<&str> = (0..ROUNDS)
+            .map(|r| if r % 2 == 0 { "enter" } else { "exit" })
+            .collect();
+        assert_eq!(per_device.get(d.as_str()), Some(&want), "{d}");
+    }
+    let mut unique = ids(&evs);
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), total);
+    sub.wait_ids(&ids(&evs)).await;
+    let st: Value = http
+        .get(format!("{base}/v1/webhooks/out"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(st["status"]["dead_lettered"], 0, "{st}");
+    drop(sub);
+    drop(child);
+}
