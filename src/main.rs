@@ -238,11 +238,22 @@ async fn serve(cfg: Config, reload: impl Fn() -> anyhow::Result<Config>) -> anyh
         tokio::select! {
             _ = &mut stop => break,
             _ = hup.next() => {
-                // Only the API keys and the TLS certificate take effect without a restart.
+                // The API keys, the configured sinks and the TLS certificate take effect without
+                // a restart; other settings need one.
                 match reload() {
                     Ok(new) => {
                         let n = service.reload_keys(new.api_keys);
                         tracing::info!(keys = n, "SIGHUP: configuration reloaded; API keys replaced");
+                        match service.reload_sinks(&new.webhooks).await {
+                            Ok(r) if r.restart_needed => tracing::warn!("SIGHUP: on a cluster node [[webhooks]] changes take effect at the next restart"),
+                            Ok(r) => {
+                                tracing::info!(added = ?r.added, changed = ?r.changed, removed = ?r.removed, "SIGHUP: configured sinks reloaded");
+                                for (id, why) in r.skipped {
+                                    tracing::error!(webhook = %id, reason = %why, "SIGHUP: configured sink not applied");
+                                }
+                            }
+                            Err(e) => tracing::error!(error = %e, "SIGHUP: configured sinks not reloaded"),
+                        }
                     }
                     Err(e) => tracing::error!("SIGHUP: the configuration is not valid; keeping the running one:\n{e:#}"),
                 }

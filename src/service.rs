@@ -369,6 +369,14 @@ impl Service {
         n
     }
 
+    /// Applies the configured webhook / broker sinks of a reloaded configuration (SIGHUP).
+    pub async fn reload_sinks(
+        &self,
+        configured: &[crate::webhooks::spec::SinkSpec],
+    ) -> Result<crate::webhooks::ReloadReport, WebhookError> {
+        self.state.webhooks().reload_config(configured).await
+    }
+
     /// Reads the TLS certificate and key again (SIGHUP): new connections use them. `Ok(false)`
     /// without TLS; an error changes nothing.
     pub fn reload_tls(&self) -> Result<bool, crate::http::tls::TlsError> {

@@ -8,7 +8,8 @@
 //! - `webhook_dead_letters`: (sink id, seq) -> the dead-letter record as JSON (the event's JSON
 //!   inside, so a dead letter outlives the event log's retention).
 //! - cursors live in the existing `cursors` table under `webhook:<sink id>` (the next `seq` the
-//!   sink has to look at).
+//!   sink has to look at), and each sink's counters and last success / failure times under
+//!   `webhook-stat:<field>:<sink id>` (sink ids hold no `:`).
 //!
 //! Invariants:
 //! - These tables are created on the first webhook write, never at open: a store written by a
@@ -36,6 +37,9 @@ pub(crate) const WEBHOOK_DEAD_LETTERS: TableDefinition<(&str, u64), &str> =
 /// Prefix of webhook cursor keys in the `cursors` table.
 pub const WEBHOOK_CURSOR_PREFIX: &str = "webhook:";
 
+/// Prefix of webhook counter keys in the `cursors` table (`webhook-stat:<field>:<sink id>`).
+pub const WEBHOOK_STAT_PREFIX: &str = "webhook-stat:";
+
 /// The `cursors` key of sink `id`.
 pub fn webhook_cursor_key(id: &str) -> String {
     format!("{WEBHOOK_CURSOR_PREFIX}{id}")
@@ -54,6 +58,8 @@ pub struct WebhookBatch {
     pub dead_put: Vec<(String, u64, String)>,
     /// Dead letters to delete: (sink id, seq).
     pub dead_del: Vec<(String, u64)>,
+    /// Counters to write: (sink id, field, value).
+    pub stats: Vec<(String, &'static str, u64)>,
 }
 
 impl WebhookBatch {
@@ -64,6 +70,7 @@ impl WebhookBatch {
             && self.cursors.is_empty()
             && self.dead_put.is_empty()
             && self.dead_del.is_empty()
+            && self.stats.is_empty()
     }
 }
 
@@ -76,6 +83,8 @@ pub struct WebhookSnapshot {
     pub cursors: Vec<(String, u64)>,
     /// Dead letters: (sink id, seq, record JSON), by sink then seq.
     pub dead_letters: Vec<(String, u64, String)>,
+    /// Counters: (sink id, field, value).
+    pub stats: Vec<(String, String, u64)>,
 }
 
 /// Opens a table in a read transaction; a table that does not exist yet reads as empty.
@@ -114,6 +123,11 @@ impl Store {
                 let (k, v) = r.map_err(|e| err(e.into()))?;
                 if let Some(id) = k.value().strip_prefix(WEBHOOK_CURSOR_PREFIX) {
                     snap.cursors.push((id.to_string(), v.value()));
+                } else if let Some(rest) = k.value().strip_prefix(WEBHOOK_STAT_PREFIX)
+                    && let Some((field, id)) = rest.split_once(':')
+                {
+                    snap.stats
+                        .push((id.to_string(), field.to_string(), v.value()));
                 }
             }
         }
@@ -200,13 +214,18 @@ fn write_webhooks(txn: &redb::WriteTransaction, b: &WebhookBatch) -> Result<(), 
             t.insert(id.as_str(), def.as_str())?;
         }
     }
-    if !b.sinks_del.is_empty() || !b.cursors.is_empty() {
+    if !b.sinks_del.is_empty() || !b.cursors.is_empty() || !b.stats.is_empty() {
         let mut t = txn.open_table(CURSORS)?;
         for id in &b.sinks_del {
             t.remove(webhook_cursor_key(id).as_str())?;
+            let tail = format!(":{id}");
+            t.retain(|k, _| !(k.starts_with(WEBHOOK_STAT_PREFIX) && k.ends_with(&tail)))?;
         }
         for (id, at) in &b.cursors {
             t.insert(webhook_cursor_key(id).as_str(), *at)?;
+        }
+        for (id, field, v) in &b.stats {
+            t.insert(format!("{WEBHOOK_STAT_PREFIX}{field}:{id}").as_str(), *v)?;
         }
     }
     if !b.sinks_del.is_empty() || !b.dead_put.is_empty() || !b.dead_del.is_empty() {

@@ -24,6 +24,8 @@
 
 pub mod brokers;
 pub mod deliver;
+mod persist;
+mod reload;
 pub mod shared;
 pub mod sink;
 pub mod spec;
@@ -42,6 +44,7 @@ use crate::outbound::{TargetError, TargetPolicy};
 use crate::store::{Flush, Store, StoreError, WebhookBatch};
 use crate::telemetry as t;
 
+pub use reload::ReloadReport;
 pub use sink::{DeadLetter, Phase, Sink, SinkStatus, Source};
 pub use spec::{Secret, SinkSpec};
 
@@ -211,6 +214,10 @@ impl Webhooks {
             None => Default::default(),
         };
         let cursors: HashMap<String, u64> = snap.cursors.into_iter().collect();
+        let mut stats: HashMap<String, sink::Stats> = HashMap::new();
+        for (id, field, v) in snap.stats {
+            stats.entry(id).or_default().set_field(&field, v);
+        }
         let mut dead: HashMap<String, Vec<DeadLetter>> = HashMap::new();
         for (id, seq, json) in snap.dead_letters {
             let dl: DeadLetter = serde_json::from_str(&json).map_err(|e| {
@@ -257,14 +264,18 @@ impl Webhooks {
             }
             let cursor = stored.map_or(head, |c| c.min(head));
             let dl = dead.remove(&spec.id).unwrap_or_default();
-            let s = Arc::new(Sink::new(
-                spec,
-                source,
-                cursor,
-                stored == Some(cursor),
-                dl,
-                wh.stop.child_token(),
-            ));
+            let st = stats.remove(&spec.id).unwrap_or_default();
+            let s = Arc::new(
+                Sink::new(
+                    spec,
+                    source,
+                    cursor,
+                    stored == Some(cursor),
+                    dl,
+                    wh.stop.child_token(),
+                )
+                .with_stats(st),
+            );
             wh.write_sinks().insert(s.spec.id.clone(), s);
         }
         wh.update_hold();
@@ -472,69 +483,6 @@ impl Webhooks {
             .min()
             .unwrap_or(u64::MAX);
         store.hold_events_from(floor);
-    }
-
-    /// Writes every sink's unpersisted cursor and dead-letter changes in one transaction. On
-    /// failure the changes are kept for the next flush.
-    /// Writes pending cursors and dead letters; true when something was committed.
-    async fn flush(&self, durability: Flush) -> bool {
-        let Some(store) = self.ctx.store.clone() else {
-            return false;
-        };
-        let _w = self.write.lock().await;
-        let sinks: Vec<Arc<Sink>> = self.read_sinks().values().cloned().collect();
-        let mut batch = WebhookBatch::default();
-        let mut taken = Vec::new();
-        for s in sinks {
-            let p = s.take_unflushed();
-            if p.is_empty() {
-                continue;
-            }
-            let id = &s.spec.id;
-            if let Some(c) = p.cursor {
-                batch.cursors.push((id.clone(), c));
-            }
-            for (seq, op) in &p.dead {
-                match op {
-                    Some(dl) => batch.dead_put.push((
-                        id.clone(),
-                        *seq,
-                        serde_json::to_string(dl).unwrap_or_default(),
-                    )),
-                    None => batch.dead_del.push((id.clone(), *seq)),
-                }
-            }
-            taken.push((s, p));
-        }
-        if taken.is_empty() {
-            return false;
-        }
-        match run_blocking(move || store.commit_webhooks(&batch, durability)).await {
-            Ok(()) => {
-                for (s, p) in &taken {
-                    s.flushed(p);
-                }
-                true
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot persist webhook cursors; keeping them for the next try");
-                for (s, p) in taken {
-                    s.restore_unflushed(p);
-                }
-                false
-            }
-        }
-    }
-
-    /// Makes earlier unsynced flushes durable: an empty write transaction committed with fsync.
-    async fn sync_store(&self) -> bool {
-        let Some(store) = self.ctx.store.clone() else {
-            return true;
-        };
-        let _w = self.write.lock().await;
-        run_blocking(move || store.commit_webhooks(&WebhookBatch::default(), Flush::Fsync))
-            .await
-            .is_ok()
     }
 
     fn update_gauges(&self) {

@@ -35,6 +35,10 @@ use crate::webhooks::spec::{SinkSpec, backoff_cap, full_jitter};
 use geodwell_core::event::EventKind;
 use geodwell_core::time::Ts;
 
+mod persisted;
+pub use persisted::Stats;
+pub(crate) use persisted::Unflushed;
+
 /// Events read from the log (or the store) per step.
 const CHUNK: usize = 256;
 
@@ -96,14 +100,14 @@ pub struct SinkStatus {
     pub attempt: u32,
     /// The next `seq` the sink will look at.
     pub cursor: u64,
-    /// Events dead-lettered since start.
+    /// Events dead-lettered (kept across restarts).
     pub dead_lettered: u64,
     /// Dead letters held now.
     #[schema(value_type = u64)]
     pub dead_letters: usize,
-    /// Events lost to retention before this sink processed them, since start.
+    /// Events lost to retention before this sink processed them (kept across restarts).
     pub dropped: u64,
-    /// Failed attempts since start.
+    /// Failed attempts (kept across restarts).
     pub failed: u64,
     /// The `seq` the next published event will get.
     pub head_seq: u64,
@@ -118,27 +122,12 @@ pub struct SinkStatus {
     /// When the last delivery succeeded.
     #[schema(value_type = Option<String>, format = DateTime)]
     pub last_success_at: Option<Ts>,
-    /// Attempts after the first for an event, since start.
+    /// Attempts after the first for an event (kept across restarts).
     pub retried: u64,
-    /// Events delivered (2xx) since start.
+    /// Events delivered (kept across restarts).
     pub sent: u64,
     /// What the task is doing.
     pub state: Phase,
-}
-
-/// Changes the store has not seen yet.
-#[derive(Debug, Default)]
-pub(crate) struct Unflushed {
-    /// The cursor to write, if it moved.
-    pub(crate) cursor: Option<u64>,
-    /// Dead letters by seq: `Some` = put, `None` = delete (the latest change wins).
-    pub(crate) dead: BTreeMap<u64, Option<DeadLetter>>,
-}
-
-impl Unflushed {
-    pub(crate) fn is_empty(&self) -> bool {
-        self.cursor.is_none() && self.dead.is_empty()
-    }
 }
 
 #[derive(Debug)]
@@ -154,6 +143,7 @@ struct State {
     last_failure_at: Option<Ts>,
     last_success_at: Option<Ts>,
     retry_requested: bool,
+    stats_persisted: Stats,
 }
 
 /// What the task needs from the service.
@@ -239,6 +229,7 @@ impl Sink {
                 last_failure_at: None,
                 last_success_at: None,
                 retry_requested: false,
+                stats_persisted: Stats::default(),
             }),
             stop,
             wake: Notify::new(),
@@ -307,31 +298,6 @@ impl Sink {
         }
         st.retry_requested = false;
         gone.len()
-    }
-
-    /// Takes the changes the store has not seen.
-    pub(crate) fn take_unflushed(&self) -> Unflushed {
-        let mut st = self.lock();
-        Unflushed {
-            cursor: (st.persisted != Some(st.cursor)).then_some(st.cursor),
-            dead: std::mem::take(&mut st.dead_ops),
-        }
-    }
-
-    /// The store now holds `p`.
-    pub(crate) fn flushed(&self, p: &Unflushed) {
-        if let Some(c) = p.cursor {
-            self.lock().persisted = Some(c);
-        }
-    }
-
-    /// Committing `p` failed: keep its dead-letter changes for the next flush (behind any newer
-    /// change of the same seq). The cursor needs nothing: it is still unpersisted.
-    pub(crate) fn restore_unflushed(&self, p: Unflushed) {
-        let mut st = self.lock();
-        for (seq, op) in p.dead {
-            st.dead_ops.entry(seq).or_insert(op);
-        }
     }
 
     fn set_phase(&self, phase: Phase, attempt: u32) {

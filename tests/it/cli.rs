@@ -421,3 +421,156 @@ fn tls_serves_https_and_wss_and_a_renewed_certificate_is_read_on_sighup() {
     });
     drop(child);
 }
+
+/// SIGHUP applies the configured sinks (`[[webhooks]]`) of the file: a sink removed from it
+/// stops, a sink added starts at the log head, and a file that is not valid keeps the running
+/// sinks and logs its errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_configured_sinks() {
+    use axum::routing::post;
+    use serde_json::{Value, json};
+    use std::sync::{Arc, Mutex};
+    const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSwZbMA3wnmMvI=";
+    let got: Arc<Mutex<Vec<(String, Value)>>> = Arc::default();
+    let app = {
+        let (a, b) = (got.clone(), got.clone());
+        axum::Router::new()
+            .route(
+                "/a",
+                post(move |body: String| async move {
+                    a.lock()
+                        .unwrap()
+                        .push(("a".into(), serde_json::from_str(&body).unwrap()));
+                }),
+            )
+            .route(
+                "/b",
+                post(move |body: String| async move {
+                    b.lock()
+                        .unwrap()
+                        .push(("b".into(), serde_json::from_str(&body).unwrap()));
+                }),
+            )
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let rx = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let dir = temp_dir();
+    let file = dir.path().join("geodwell.toml");
+    let cfg = |sinks: &str| {
+        format!(
+            "[server]\nallow_private_targets = true\n[time]\nclock = \"event\"\nlateness = \"0s\"\n\
+             [fences]\nfences_file = \"\"\n{sinks}"
+        )
+    };
+    let sink = |id: &str| {
+        format!("[[webhooks]]\nid = \"{id}\"\nurl = \"http://{rx}/{id}\"\nsecret = \"{SECRET}\"\n")
+    };
+    std::fs::write(&file, cfg(&sink("a"))).unwrap();
+    let child = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&file)
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .env("GEODWELL_LOG", "info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("binary starts");
+    let mut child = Proc(child);
+    let (tx, lines) = std::sync::mpsc::channel();
+    let base = format!("http://{}", listening_addr(&mut child, Some(tx)));
+    let http = reqwest::Client::new();
+    let r = http
+        .put(format!("{base}/v1/fences/depot"))
+        .json(&crate::common::square("depot", json!({})))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let post_fix = |secs: i64, inside: bool| {
+        let http = http.clone();
+        let url = format!("{base}/v1/fixes");
+        async move {
+            let r = http
+                .post(url)
+                .json(&json!([crate::common::fix("t1", secs, inside)]))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+        }
+    };
+    let wait = |n: usize| {
+        let got = got.clone();
+        async move {
+            let t = Instant::now();
+            while got.lock().unwrap().len() < n {
+                assert!(t.elapsed() < Duration::from_secs(30), "{:?}", got.lock());
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+        }
+    };
+    let ids = |http: reqwest::Client| {
+        let url = format!("{base}/v1/webhooks");
+        async move {
+            let v: Value = http.get(url).send().await.unwrap().json().await.unwrap();
+            v["webhooks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|w| w["id"].as_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        }
+    };
+    post_fix(0, true).await;
+    wait(1).await;
+    std::fs::write(&file, cfg(&sink("b"))).unwrap();
+    let hup = || {
+        let ok = Command::new("kill")
+            .args(["-HUP", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    };
+    hup();
+    let t = Instant::now();
+    while ids(http.clone()).await != ["b"] {
+        assert!(t.elapsed() < Duration::from_secs(30), "b never replaced a");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    post_fix(60, false).await;
+    wait(2).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let seen: Vec<(String, String)> = got
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(s, v)| (s.clone(), v["type"].as_str().unwrap().to_string()))
+        .collect();
+    assert_eq!(
+        seen,
+        [("a", "enter"), ("b", "exit")].map(|(a, b)| (a.to_string(), b.to_string())),
+        "a stopped; b started at the head"
+    );
+    // Not valid: the running sinks stay and the error is logged.
+    std::fs::write(
+        &file,
+        cfg("[[webhooks]]\nid = \"c\"\nurl = \"gopher://x\"\nsecret = \"nope\"\n"),
+    )
+    .unwrap();
+    hup();
+    let t = Instant::now();
+    let mut log = String::new();
+    while !(log.contains("keeping the running one") && log.contains("gopher")) {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "no error logged:\n{log}"
+        );
+        if let Ok(l) = lines.recv_timeout(Duration::from_millis(100)) {
+            log.push_str(&l);
+            log.push('\n');
+        }
+    }
+    assert_eq!(ids(http.clone()).await, ["b"]);
+}

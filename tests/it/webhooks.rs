@@ -509,12 +509,26 @@ async fn a_restart_resumes_from_the_cursor_without_gap_or_repeat() {
     let st = wait_status(&srv, "r", |s| s["lag"] == 4).await;
     assert_eq!(st["cursor"], 5);
     srv.stop().await;
+    let (sent, failed, success) = (
+        st["sent"].as_u64().unwrap(),
+        st["failed"].as_u64().unwrap(),
+        st["last_success_at"].clone(),
+    );
+    assert_eq!(sent, 4);
+    assert!(failed >= 1 && success.is_string(), "{st}");
 
     // Back up, same data dir: the API-created sink is restored and resumes at seq 5.
     rx.set(Mode::Ok);
     let srv = start_cfg(config(EVENT_MODE).with_data_dir(dir.path())).await;
     let (s, v) = srv.get("/v1/webhooks/r").await;
     assert_eq!((s, v["source"].clone()), (200, json!("api")), "{v}");
+    // The counters and times carry on from before the restart.
+    assert!(v["status"]["sent"].as_u64().unwrap() >= sent, "{v}");
+    assert!(v["status"]["failed"].as_u64().unwrap() >= failed, "{v}");
+    assert!(
+        v["status"]["last_success_at"].as_str() >= success.as_str(),
+        "{v}"
+    );
     rx.wait_delivered(8).await;
     assert_eq!(
         rx.seqs(),
@@ -523,6 +537,7 @@ async fn a_restart_resumes_from_the_cursor_without_gap_or_repeat() {
     );
     let st = wait_status(&srv, "r", |s| s["lag"] == 0).await;
     assert_eq!(st["cursor"], 9);
+    assert_eq!(st["sent"], 8, "counted across the restart");
     // More events after the restart keep flowing.
     move_all(&srv, &d, 40, true).await;
     rx.wait_delivered(10).await;
