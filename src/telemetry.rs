@@ -86,6 +86,8 @@ pub const OUTBOUND_REFUSED: &str = "geodwell_outbound_refused_total";
 pub const MQTT_CONNECTED: &str = "geodwell_mqtt_connected";
 /// MQTT ingest connection attempts, by `outcome` (connected, refused, failed).
 pub const MQTT_CONNECTS: &str = "geodwell_mqtt_connects_total";
+/// MQTT messages read and waiting for a batch.
+pub const MQTT_QUEUED: &str = "geodwell_mqtt_queued_messages";
 /// MQTT messages read by ingest (each acknowledged once its fixes are durable).
 pub const MQTT_MESSAGES: &str = "geodwell_mqtt_messages_total";
 /// HTTP request duration, seconds, by matched `route`.
@@ -462,6 +464,10 @@ fn describe() {
     describe_counter!(
         MQTT_CONNECTS,
         "MQTT ingest connection attempts, by outcome (connected, refused, failed)."
+    );
+    describe_gauge!(
+        MQTT_QUEUED,
+        "MQTT messages read from the broker and waiting for a batch (at most 1,024)."
     );
     describe_counter!(
         MQTT_MESSAGES,

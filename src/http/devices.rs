@@ -174,6 +174,29 @@ pub async fn get_device(
     }))
 }
 
+/// The `limit` (default `default`, at most `max`) and `after` cursor of a list paged by device
+/// slot (`GET /v1/devices`, a fence's occupants).
+pub(crate) fn device_paging(
+    q: &HashMap<String, String>,
+    default: usize,
+    max: usize,
+) -> Result<(usize, DeviceCursor), ApiError> {
+    let limit = parse_u64(q, "limit")?.unwrap_or(default as u64);
+    if limit == 0 || limit > max as u64 {
+        return Err(ApiError::bad_request(
+            "bad_query",
+            format!("limit must be in 1..={max}"),
+        ));
+    }
+    let after = match q.get("after") {
+        Some(c) => c
+            .parse::<DeviceCursor>()
+            .map_err(|e| ApiError::bad_request("bad_query", format!("after={e}")))?,
+        None => DeviceCursor::default(),
+    };
+    Ok((limit as usize, after))
+}
+
 /// `DELETE /v1/devices/{id}`.
 #[utoipa::path(delete, path = "/v1/devices/{id}", tag = "devices",
     description = "Forgets a device: its pairs, pending timers and buffered fixes are dropped and no EXIT is emitted (an open visit stays open in the event history). A later fix of the same id starts a new device. Durable before the answer. Scope: admin.",
@@ -220,20 +243,7 @@ pub async fn list_devices(
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
 ) -> Result<Json<DevicePage>, ApiError> {
     let Query(q) = query?;
-    let limit = parse_u64(&q, "limit")?.unwrap_or(1000);
-    if limit == 0 || limit > MAX_DEVICE_PAGE as u64 {
-        return Err(ApiError::bad_request(
-            "bad_query",
-            format!("limit must be in 1..={MAX_DEVICE_PAGE}"),
-        ));
-    }
-    let limit = limit as usize;
-    let after = match q.get("after") {
-        Some(c) => c
-            .parse::<DeviceCursor>()
-            .map_err(|e| ApiError::bad_request("bad_query", format!("after={e}")))?,
-        None => DeviceCursor::default(),
-    };
+    let (limit, after) = device_paging(&q, 1000, MAX_DEVICE_PAGE)?;
     let (page, next) = st.shards().device_page(after, limit).await?;
     Ok(Json(DevicePage {
         devices: page.into_iter().map(DeviceSummaryOut::from).collect(),

@@ -21,8 +21,6 @@ use utoipa::ToSchema;
 use crate::http::auth::Refused;
 use crate::http::devices::PairState;
 use crate::http::error::{ApiError, ErrorBody};
-use crate::http::events::parse_u64;
-use crate::shard::DeviceCursor;
 use crate::state::AppState;
 
 /// Largest page `GET /v1/fences/{id}/devices` answers.
@@ -105,26 +103,15 @@ pub async fn list_occupants(
 ) -> Result<Json<OccupantPage>, ApiError> {
     let Path(id) = path?;
     let Query(q) = query?;
-    let limit = parse_u64(&q, "limit")?.unwrap_or(DEFAULT_OCCUPANT_PAGE as u64);
-    if limit == 0 || limit > MAX_OCCUPANT_PAGE as u64 {
-        return Err(ApiError::bad_request(
-            "bad_query",
-            format!("limit must be in 1..={MAX_OCCUPANT_PAGE}"),
-        ));
-    }
-    let after = match q.get("after") {
-        Some(c) => c
-            .parse::<DeviceCursor>()
-            .map_err(|e| ApiError::bad_request("bad_query", format!("after={e}")))?,
-        None => DeviceCursor::default(),
-    };
+    let (limit, after) =
+        crate::http::devices::device_paging(&q, DEFAULT_OCCUPANT_PAGE, MAX_OCCUPANT_PAGE)?;
     if st.fences().get(&id).is_none() {
         return Err(ApiError::not_found(
             "fence_not_found",
             format!("no fence with id {id:?}"),
         ));
     }
-    let (page, next) = st.shards().occupants(&id, after, limit as usize).await?;
+    let (page, next) = st.shards().occupants(&id, after, limit).await?;
     Ok(Json(OccupantPage {
         devices: page.into_iter().map(OccupantOut::from).collect(),
         fence: id,

@@ -35,6 +35,9 @@ use crate::config::Config;
             ingest, read and admin (off when no keys are configured).",
         license(name = "MIT OR Apache-2.0")
     ),
+    // Query parameters' types are referenced, not collected from a body: registered here so
+    // the references resolve.
+    components(schemas(QueryTime)),
     modifiers(&BearerAuth),
     security(("bearer" = [])),
     tags(

@@ -101,6 +101,7 @@ pub fn spawn<S: AsRef<Ingest> + Send + Sync + 'static>(
     stop: CancellationToken,
 ) {
     gauge!(t::MQTT_CONNECTED).set(0.0);
+    gauge!(t::MQTT_QUEUED).set(0.0);
     tasks.spawn(run(cfg, st, max_bytes, status, stop));
 }
 
@@ -248,6 +249,7 @@ async fn work<S: AsRef<Ingest> + Send + Sync + 'static>(
             }
         }
         counter!(t::MQTT_MESSAGES).increment(batch.len() as u64);
+        gauge!(t::MQTT_QUEUED).set(rx.len() as f64);
         let ingest = (*st).as_ref();
         let (limits, now) = (ingest.limits(), ingest.now());
         let mut fixes = Vec::new();

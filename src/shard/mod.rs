@@ -363,42 +363,23 @@ impl Shards {
         after: DeviceCursor,
         limit: usize,
     ) -> Result<(Vec<DeviceSummary>, Option<DeviceCursor>), QueryError> {
-        let DeviceCursor {
-            mut shard,
-            mut slot,
-        } = after;
-        let mut devices = Vec::new();
-        let n = self.len();
-        while shard < n {
-            let (page, next) = match &self.remote {
-                Some(r) => r.device_page(shard, slot, limit - devices.len()).await?,
-                None => {
-                    let (tx, rx) = oneshot::channel();
-                    self.senders[shard]
-                        .send(ShardMsg::DevicePage {
-                            from: slot,
-                            limit: limit - devices.len(),
+        self.walk(after, limit, usize::MAX, |shard, from, want| {
+            Box::pin(async move {
+                match &self.remote {
+                    Some(r) => r.device_page(shard, from, want).await,
+                    None => {
+                        let (tx, rx) = oneshot::channel();
+                        let msg = ShardMsg::DevicePage {
+                            from,
+                            limit: want,
                             reply: tx,
-                        })
-                        .await
-                        .map_err(|_| QueryError::Closed)?;
-                    rx.await.map_err(|_| QueryError::Closed)?
+                        };
+                        self.ask(shard, msg, rx).await
+                    }
                 }
-            };
-            devices.extend(page);
-            match next {
-                Some(n) => slot = n,
-                None => {
-                    shard += 1;
-                    slot = 0;
-                }
-            }
-            if devices.len() >= limit {
-                let next = (shard < n).then_some(DeviceCursor { shard, slot });
-                return Ok((devices, next));
-            }
-        }
-        Ok((devices, None))
+            })
+        })
+        .await
     }
 
     /// Up to `limit` devices inside fence `fence` from `after` on, and where the next page starts
@@ -410,35 +391,64 @@ impl Shards {
         after: DeviceCursor,
         limit: usize,
     ) -> Result<(Vec<Occupant>, Option<DeviceCursor>), QueryError> {
+        let fence: Arc<str> = Arc::from(fence);
+        // Bounded work per page: a rare fence over many shards answers with a cursor, not a
+        // walk of every pair.
+        self.walk(after, limit, 16, |shard, from, want| {
+            let fence = fence.clone();
+            Box::pin(async move {
+                match &self.remote {
+                    Some(r) => r.occupants(shard, fence, from, want).await,
+                    None => {
+                        let (tx, rx) = oneshot::channel();
+                        let msg = ShardMsg::Occupants {
+                            fence,
+                            from,
+                            limit: want,
+                            reply: tx,
+                        };
+                        self.ask(shard, msg, rx).await
+                    }
+                }
+            })
+        })
+        .await
+    }
+
+    /// Sends `msg` to shard `shard` and waits for its answer on `rx`.
+    async fn ask<T>(
+        &self,
+        shard: usize,
+        msg: ShardMsg,
+        rx: oneshot::Receiver<T>,
+    ) -> Result<T, QueryError> {
+        self.senders[shard]
+            .send(msg)
+            .await
+            .map_err(|_| QueryError::Closed)?;
+        rx.await.map_err(|_| QueryError::Closed)
+    }
+
+    /// Walks the shards in order from `after`, asking `step(shard, from_slot, want)` for at most
+    /// `want` items and the slot to go on from (`None`: that shard is done), until `limit` items
+    /// or `max_steps` asks; returns the items and where the next page starts (`None`: done).
+    async fn walk<'a, T>(
+        &'a self,
+        after: DeviceCursor,
+        limit: usize,
+        max_steps: usize,
+        mut step: impl FnMut(usize, u32, usize) -> Page<'a, T>,
+    ) -> Result<(Vec<T>, Option<DeviceCursor>), QueryError> {
         let DeviceCursor {
             mut shard,
             mut slot,
         } = after;
-        let fence: Arc<str> = Arc::from(fence);
         let mut out = Vec::new();
         let n = self.len();
-        // Bounded work per page: a rare fence over many shards answers with a cursor, not a
-        // walk of every pair.
-        let mut slices = 0;
-        while shard < n && out.len() < limit && slices < 16 {
-            slices += 1;
-            let want = limit - out.len();
-            let (page, next) = match &self.remote {
-                Some(r) => r.occupants(shard, fence.clone(), slot, want).await?,
-                None => {
-                    let (tx, rx) = oneshot::channel();
-                    self.senders[shard]
-                        .send(ShardMsg::Occupants {
-                            fence: fence.clone(),
-                            from: slot,
-                            limit: want,
-                            reply: tx,
-                        })
-                        .await
-                        .map_err(|_| QueryError::Closed)?;
-                    rx.await.map_err(|_| QueryError::Closed)?
-                }
-            };
+        let mut steps = 0;
+        while shard < n && out.len() < limit && steps < max_steps {
+            steps += 1;
+            let (page, next) = step(shard, slot, limit - out.len()).await?;
             out.extend(page);
             match next {
                 Some(n) => slot = n,
@@ -691,3 +701,6 @@ mod batch_tests {
         ));
     }
 }
+
+/// One shard's part of a page walk ([`Shards::walk`]): items and the slot to go on from.
+type Page<'a, T> = futures_util::future::BoxFuture<'a, Result<(Vec<T>, Option<u32>), QueryError>>;

@@ -4,29 +4,13 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::{BIN, Proc, listening_addr, temp_dir};
+use crate::common::{BIN, Proc, listening_addr, serve_cmd, temp_dir};
 
 #[test]
 fn serve_answers_then_exits_zero_on_sigterm() {
     let data = temp_dir();
-    let child = Command::new(BIN)
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--clock",
-            "event",
-            "--lateness",
-            "0s",
-            "--shards",
-            "2",
-        ])
-        .arg("--data-dir")
-        .arg(data.path())
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("GEODWELL_LOG", "info")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
+    let child = serve_cmd(data.path())
+        .args(["--clock", "event", "--lateness", "0s", "--shards", "2"])
         .spawn()
         .expect("binary starts");
     // Killed and reaped if the test fails half way, before `data` is removed.
@@ -141,14 +125,9 @@ fn sighup_reloads_the_api_keys_and_an_invalid_file_keeps_the_old_ones() {
         )
     };
     std::fs::write(&file, keys(OLD)).unwrap();
-    let child = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+    let child = serve_cmd(&dir.path().join("data"))
+        .arg("--config")
         .arg(&file)
-        .arg("--data-dir")
-        .arg(dir.path().join("data"))
-        .env("GEODWELL_LOG", "info")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
         .spawn()
         .expect("binary starts");
     let mut child = Proc(child);
@@ -336,23 +315,10 @@ async fn tls_connect(
 fn tls_serves_https_and_wss_and_a_renewed_certificate_is_read_on_sighup() {
     let dir = temp_dir();
     let (cert, key, ca) = self_signed(dir.path(), "first");
-    let child = Command::new(BIN)
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--clock",
-            "event",
-            "--lateness",
-            "0s",
-        ])
-        .arg("--data-dir")
-        .arg(dir.path().join("data"))
+    let child = serve_cmd(&dir.path().join("data"))
+        .args(["--clock", "event", "--lateness", "0s"])
         .env("GEODWELL_TLS_CERT", &cert)
         .env("GEODWELL_TLS_KEY", &key)
-        .env("GEODWELL_LOG", "info")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
         .spawn()
         .expect("binary starts");
     let mut child = Proc(child);
@@ -467,14 +433,9 @@ async fn sighup_reloads_the_configured_sinks() {
         format!("[[webhooks]]\nid = \"{id}\"\nurl = \"http://{rx}/{id}\"\nsecret = \"{SECRET}\"\n")
     };
     std::fs::write(&file, cfg(&sink("a"))).unwrap();
-    let child = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+    let child = serve_cmd(&dir.path().join("data"))
+        .arg("--config")
         .arg(&file)
-        .arg("--data-dir")
-        .arg(dir.path().join("data"))
-        .env("GEODWELL_LOG", "info")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
         .spawn()
         .expect("binary starts");
     let mut child = Proc(child);

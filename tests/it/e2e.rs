@@ -260,39 +260,17 @@ async fn metrics_health_and_readiness() {
     srv.stop().await;
 }
 
-/// The value of one metric line (`name{labels} value`) in a scrape, summed over matching lines.
-fn metric(text: &str, prefix: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// A fresh process (its own recorder): every counter with known label values is exported at 0
 /// before anything happens, with build info and process metrics; and in live mode the
 /// ingest-to-event histogram holds one sample per event, measured from the arrival of the fix
 /// that decided it (so its wait for the watermark, the lateness, is in it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_exist_from_the_start_and_latency_covers_every_event() {
-    use std::process::{Command, Stdio};
     let dir = temp_dir();
-    let child = Command::new(BIN)
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--clock",
-            "live",
-            "--lateness",
-            "1s",
-        ])
-        .arg("--data-dir")
-        .arg(dir.path())
+    let child = serve_cmd(dir.path())
+        .args(["--clock", "live", "--lateness", "1s"])
         .env("GEODWELL_FENCES_FILE", "")
-        .env("GEODWELL_LOG", "info")
         .env("GEODWELL_DURABILITY", "none")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
         .spawn()
         .unwrap();
     let mut child = Proc(child);

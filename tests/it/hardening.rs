@@ -57,14 +57,6 @@ fn rss(pid: u32) -> (u64, u64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
-/// The value of one metric line (`name{labels} value`) in a scrape, summed over matching lines.
-fn metric(text: &str, prefix: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 async fn get_with_timeout(http: &reqwest::Client, url: &str, within: Duration) -> Option<u16> {
     tokio::time::timeout(within, http.get(url).send())
         .await

@@ -162,12 +162,7 @@ async fn a_deleted_device_is_forgotten_without_an_exit_and_its_next_fix_starts_a
     );
     // (The recorder is the process's: other tests' removals count too.)
     let m = srv.metrics().await;
-    let deleted: f64 = m
-        .lines()
-        .find(|l| l.starts_with("geodwell_devices_removed_total{reason=\"delete\"}"))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0);
+    let deleted: f64 = metric(&m, "geodwell_devices_removed_total{reason=\"delete\"}");
     assert!(deleted >= 1.0, "{m}");
     srv.stop().await;
 }

@@ -474,12 +474,7 @@ async fn deletions_and_idle_expiry_mid_trace_still_give_the_reference_events() {
         "{deleted} deleted, forgotten: {saw_forgotten}"
     );
     let m = srv.metrics().await;
-    let idle: f64 = m
-        .lines()
-        .find(|l| l.starts_with("geodwell_devices_removed_total{reason=\"idle\"}"))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0);
+    let idle: f64 = metric(&m, "geodwell_devices_removed_total{reason=\"idle\"}");
     assert!(idle >= 6.0, "every visitor expired at least once: {idle}");
 
     // The end of the backfill: one day past the last fix.

@@ -511,33 +511,39 @@ pub fn listening_addr(child: &mut Child, rest: Option<std::sync::mpsc::Sender<St
     addr
 }
 
+/// `geodwell serve` on an ephemeral loopback port with its store in `data_dir`, run from the
+/// crate's directory, logging at info to a piped stderr (for [`listening_addr`]); callers add
+/// the flags and environment of their case.
+pub fn serve_cmd(data_dir: &Path) -> Command {
+    let mut c = Command::new(BIN);
+    c.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data_dir)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("GEODWELL_LOG", "info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null());
+    c
+}
+
 /// Starts the real binary on `dir` (event clock, no preloaded fences) with `lateness` and extra
 /// environment; returns it and its base URL once it listens.
 pub fn spawn_bin(dir: &Path, lateness: &str, env: &[(&str, &str)]) -> (Proc, String) {
-    let child = Command::new(BIN)
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--clock",
-            "event",
-            "--lateness",
-            lateness,
-            "--shards",
-            "2",
-        ])
-        .arg("--data-dir")
-        .arg(dir)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+    let child = serve_cmd(dir)
+        .args(["--clock", "event", "--lateness", lateness, "--shards", "2"])
         .env("GEODWELL_ALLOW_PRIVATE_TARGETS", "true")
         .envs(env.iter().copied())
         .env("GEODWELL_FENCES_FILE", "")
-        .env("GEODWELL_LOG", "info")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
         .spawn()
         .expect("binary starts");
     let mut child = Proc(child);
     let addr = listening_addr(&mut child, None);
     (child, format!("http://{addr}"))
+}
+
+/// The value of one metric line (`name{labels} value`) in a scrape, summed over matching lines.
+pub fn metric(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }

@@ -71,6 +71,26 @@ pub(super) async fn ready(client: &reqwest::Client, base: &str) -> Result<Ready,
         .map_err(|e| SimError::server(&url, format!("unexpected /readyz answer: {e}")))
 }
 
+/// Passes a 2xx answer through; turns a refusal (401/403) into the error that says which key
+/// is missing, and any other status into a server error with the answer's text.
+async fn check_answer(
+    r: reqwest::Response,
+    url: &str,
+    what: &'static str,
+    key_sent: bool,
+) -> Result<reqwest::Response, SimError> {
+    let status = r.status();
+    if is_auth_refusal(status.as_u16()) {
+        let body = r.bytes().await.unwrap_or_default();
+        return Err(SimError::refused(status.as_u16(), what, &body, key_sent));
+    }
+    if !status.is_success() {
+        let text = r.text().await.unwrap_or_default();
+        return Err(SimError::server(url, format!("{status}: {text}")));
+    }
+    Ok(r)
+}
+
 /// Posts the fences, 500 per request (needs the `admin` scope).
 pub(super) async fn upload(
     client: &reqwest::Client,
@@ -89,20 +109,7 @@ pub(super) async fn upload(
             .send()
             .await
             .map_err(|e| SimError::server(&url, e))?;
-        let status = r.status();
-        if is_auth_refusal(status.as_u16()) {
-            let body = r.bytes().await.unwrap_or_default();
-            return Err(SimError::refused(
-                status.as_u16(),
-                "POST /v1/fences",
-                &body,
-                key_sent,
-            ));
-        }
-        if !status.is_success() {
-            let text = r.text().await.unwrap_or_default();
-            return Err(SimError::server(&url, format!("{status}: {text}")));
-        }
+        check_answer(r, &url, "POST /v1/fences", key_sent).await?;
     }
     Ok(())
 }
@@ -126,20 +133,7 @@ pub(super) async fn server_fences(
             .send()
             .await
             .map_err(|e| SimError::server(&url, e))?;
-        let status = r.status();
-        if is_auth_refusal(status.as_u16()) {
-            let body = r.bytes().await.unwrap_or_default();
-            return Err(SimError::refused(
-                status.as_u16(),
-                "GET /v1/fences",
-                &body,
-                key_sent,
-            ));
-        }
-        if !status.is_success() {
-            let text = r.text().await.unwrap_or_default();
-            return Err(SimError::server(&url, format!("{status}: {text}")));
-        }
+        let r = check_answer(r, &url, "GET /v1/fences", key_sent).await?;
         let text = r.text().await.map_err(|e| SimError::server(&url, e))?;
         let page: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| SimError::server(&url, e))?;
