@@ -60,25 +60,15 @@ pub fn mqtt_tls() -> Result<rumqttc::TlsConfiguration, String> {
     Ok(rumqttc::TlsConfiguration::Rustls(Arc::new(config)))
 }
 
-/// `%XX` escapes decoded (invalid ones kept as written); not UTF-8 becomes U+FFFD.
-pub fn percent_decode(s: &str) -> String {
-    let hex = |b: u8| (b as char).to_digit(16);
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%'
-            && i + 2 < b.len()
-            && let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2]))
-        {
-            out.push((h * 16 + l) as u8);
-            i += 3;
-            continue;
+/// `url` with its password (if any) shown as `***`: for answers and logs.
+pub fn redact_password(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
         }
-        out.push(b[i]);
-        i += 1;
+        _ => url.to_string(),
     }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Why [`TargetPolicy::resolve`] found nothing to connect to.

@@ -34,8 +34,9 @@ use tokio_util::sync::CancellationToken;
 use crate::config::MqttConfig;
 use crate::ingest::BatchError;
 use crate::ingest::Ingest;
-use crate::outbound::{mqtt_tls, percent_decode};
+use crate::outbound::{mqtt_tls, redact_password};
 use crate::telemetry as t;
+use crate::wire::trackers::percent_decode;
 use message::Parsed;
 
 /// Messages read from the broker and not yet taken into a batch.
@@ -117,8 +118,10 @@ fn options(cfg: &MqttConfig) -> Result<MqttOptions, String> {
     o.set_max_packet_size(MAX_PACKET, 1 << 20);
     if !u.username().is_empty() {
         o.set_credentials(
-            percent_decode(u.username()),
-            u.password().map(percent_decode).unwrap_or_default(),
+            percent_decode(u.username(), false),
+            u.password()
+                .map(|p| percent_decode(p, false))
+                .unwrap_or_default(),
         );
     }
     if tls {
@@ -142,6 +145,8 @@ async fn run<S: AsRef<Ingest> + Send + Sync + 'static>(
             return;
         }
     };
+    // The URL as logs show it (no password).
+    let shown = redact_password(&cfg.url);
     let (client, mut el) = AsyncClient::new(opts, QUEUE);
     let (tx, rx) = mpsc::channel::<Publish>(QUEUE);
     let worker = tokio::spawn(work(rx, client.clone(), st, max_bytes, stop.clone()));
@@ -162,13 +167,13 @@ async fn run<S: AsRef<Ingest> + Send + Sync + 'static>(
                     let e = format!("the broker refused the connection: {:?}", a.code);
                     counter!(t::MQTT_CONNECTS, "outcome" => "refused").increment(1);
                     status.set(false, Some(e.clone()));
-                    tracing::warn!(url = %redact(&cfg.url), error = %e, "MQTT connection refused");
+                    tracing::warn!(url = %shown, error = %e, "MQTT connection refused");
                     continue;
                 }
                 counter!(t::MQTT_CONNECTS, "outcome" => "connected").increment(1);
                 status.set(true, None);
                 backoff = Duration::from_millis(500);
-                tracing::info!(url = %redact(&cfg.url), session_present = a.session_present, topics = ?cfg.topics, "MQTT connected");
+                tracing::info!(url = %shown, session_present = a.session_present, topics = ?cfg.topics, "MQTT connected");
                 let filters = cfg
                     .topics
                     .iter()
@@ -202,9 +207,9 @@ async fn run<S: AsRef<Ingest> + Send + Sync + 'static>(
                 counter!(t::MQTT_CONNECTS, "outcome" => "failed").increment(1);
                 status.set(false, Some(e.to_string()));
                 if was_up {
-                    tracing::warn!(url = %redact(&cfg.url), error = %e, "MQTT connection lost; reconnecting");
+                    tracing::warn!(url = %shown, error = %e, "MQTT connection lost; reconnecting");
                 } else {
-                    tracing::debug!(url = %redact(&cfg.url), error = %e, retry_in = ?backoff, "MQTT connection failed");
+                    tracing::debug!(url = %shown, error = %e, retry_in = ?backoff, "MQTT connection failed");
                 }
                 tokio::select! {
                     _ = &mut worker => break,
@@ -300,16 +305,5 @@ async fn submit(
                 delay = (delay * 2).min(Duration::from_secs(5));
             }
         }
-    }
-}
-
-/// The URL with its password hidden, for logs.
-fn redact(url: &str) -> String {
-    match reqwest::Url::parse(url) {
-        Ok(mut u) if u.password().is_some() => {
-            let _ = u.set_password(Some("***"));
-            u.to_string()
-        }
-        _ => url.to_string(),
     }
 }

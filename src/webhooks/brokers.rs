@@ -20,9 +20,10 @@ use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS, Transport}
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::outbound::{TargetPolicy, mqtt_tls, percent_decode};
+use crate::outbound::{TargetPolicy, mqtt_tls};
 use crate::webhooks::deliver::Attempt;
 use crate::webhooks::spec::{SinkKind, SinkSpec, destination_template, fill_template};
+use crate::wire::trackers::percent_decode;
 
 /// Subjects remembered as in a stream or not, per NATS connection (bounded; cleared when full).
 const SUBJECT_CACHE: usize = 1024;
@@ -148,8 +149,8 @@ async fn connect(
         .resolve(host, port)
         .await
         .map_err(|e| e.to_string())?;
-    let user = (!url.username().is_empty()).then(|| percent_decode(url.username()));
-    let pass = url.password().map(percent_decode);
+    let user = (!url.username().is_empty()).then(|| percent_decode(url.username(), false));
+    let pass = url.password().map(|p| percent_decode(p, false));
     match kind {
         SinkKind::Mqtt => {
             // A fresh id per connection: two connections with one id would take each other's

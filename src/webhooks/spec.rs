@@ -277,7 +277,7 @@ pub fn check_url(url: &str) -> Result<SinkKind, String> {
 /// percent-decoded (so `{fence}` may be written as is or escaped).
 pub fn destination_template(u: &reqwest::Url) -> String {
     let path = u.path().strip_prefix('/').unwrap_or(u.path());
-    crate::outbound::percent_decode(path)
+    crate::wire::trackers::percent_decode(path, false)
 }
 
 /// Checks a topic (MQTT) or subject (NATS) template: not empty, at most 200 bytes, no
@@ -478,13 +478,7 @@ impl SinkSpec {
 
     /// The URL as the API shows it: a password in it (MQTT, NATS) replaced by `***`.
     pub fn public_url(&self) -> String {
-        match reqwest::Url::parse(&self.url) {
-            Ok(mut u) if u.password().is_some() => {
-                let _ = u.set_password(Some("***"));
-                u.to_string()
-            }
-            _ => self.url.clone(),
-        }
+        crate::outbound::redact_password(&self.url)
     }
 
     /// The definition as the API shows it: every field but the secret (and a URL's password).

@@ -91,12 +91,14 @@ pub fn parse_form(s: &str) -> Vec<(String, String)> {
         .filter(|p| !p.is_empty())
         .map(|p| {
             let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (percent_decode(k), percent_decode(v))
+            (percent_decode(k, true), percent_decode(v, true))
         })
         .collect()
 }
 
-fn percent_decode(s: &str) -> String {
+/// `%XX` escapes decoded (an invalid one is kept as written; invalid UTF-8 is replaced); `+`
+/// is a space when `plus_is_space` (form encoding), else itself (a URL's path or user info).
+pub fn percent_decode(s: &str, plus_is_space: bool) -> String {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -110,7 +112,7 @@ fn percent_decode(s: &str) -> String {
                 out.push(byte);
                 i += 2;
             }
-            (b'+', None) => out.push(b' '),
+            (b'+', None) if plus_is_space => out.push(b' '),
             (c, None) => out.push(c),
         }
         i += 1;

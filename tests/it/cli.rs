@@ -110,6 +110,32 @@ fn serve_help_shows_each_flags_default_and_environment_variable() {
     assert!(help.contains("CONFIG_FILE"), "{help}");
 }
 
+/// Sends SIGHUP to the server.
+fn sighup(child: &Proc) {
+    let ok = Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+}
+
+/// Collects the server's log lines until `done` holds for what was collected (30 s at most).
+fn log_until(lines: &std::sync::mpsc::Receiver<String>, done: impl Fn(&str) -> bool) -> String {
+    let t = Instant::now();
+    let mut log = String::new();
+    while !done(&log) {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the expected lines were not logged:\n{log}"
+        );
+        if let Ok(l) = lines.recv_timeout(Duration::from_millis(100)) {
+            log.push_str(&l);
+            log.push('\n');
+        }
+    }
+    log
+}
+
 /// SIGHUP reloads the API keys from the configuration file: a key added works without a
 /// restart, a removed one is refused; a file that is not valid keeps the running keys and the
 /// log names every error in it.
@@ -146,13 +172,6 @@ fn sighup_reloads_the_api_keys_and_an_invalid_file_keeps_the_old_ones() {
                 .as_u16()
         })
     };
-    let hup = || {
-        let ok = Command::new("kill")
-            .args(["-HUP", &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(ok.success());
-    };
     let until = |key: &str, want: u16| {
         let t = Instant::now();
         while status(key) != want {
@@ -165,7 +184,7 @@ fn sighup_reloads_the_api_keys_and_an_invalid_file_keeps_the_old_ones() {
     };
     assert_eq!((status(OLD), status(NEW)), (200, 401));
     std::fs::write(&file, keys(NEW)).unwrap();
-    hup();
+    sighup(&child);
     until(NEW, 200);
     assert_eq!(status(OLD), 401, "the removed key is refused");
     // Not valid: a scope that does not exist and a key too short, both reported; NEW stays.
@@ -174,19 +193,10 @@ fn sighup_reloads_the_api_keys_and_an_invalid_file_keeps_the_old_ones() {
         "[auth]\napi_keys = [\n  { name = \"a\", scopes = [\"wizard\"], key = \"short\" },\n]\n",
     )
     .unwrap();
-    hup();
-    let t = Instant::now();
-    let mut log = String::new();
-    while !(log.contains("wizard") && log.contains("at least 16 characters")) {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "no reload error logged:\n{log}"
-        );
-        if let Ok(l) = lines.recv_timeout(Duration::from_millis(100)) {
-            log.push_str(&l);
-            log.push('\n');
-        }
-    }
+    sighup(&child);
+    let log = log_until(&lines, |log| {
+        log.contains("wizard") && log.contains("at least 16 characters")
+    });
     assert!(log.contains("keeping the running one"), "{log}");
     assert_eq!(
         (status(NEW), status(OLD)),
@@ -365,11 +375,7 @@ fn tls_serves_https_and_wss_and_a_renewed_certificate_is_read_on_sighup() {
     let (cert2, key2, ca2) = self_signed(dir.path(), "second");
     std::fs::copy(&cert2, &cert).unwrap();
     std::fs::copy(&key2, &key).unwrap();
-    let ok = Command::new("kill")
-        .args(["-HUP", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(ok.success());
+    sighup(&child);
     let second = leaf_of(&cert2);
     let t = Instant::now();
     rt.block_on(async {
@@ -487,14 +493,7 @@ async fn sighup_reloads_the_configured_sinks() {
     post_fix(0, true).await;
     wait(1).await;
     std::fs::write(&file, cfg(&sink("b"))).unwrap();
-    let hup = || {
-        let ok = Command::new("kill")
-            .args(["-HUP", &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(ok.success());
-    };
-    hup();
+    sighup(&child);
     let t = Instant::now();
     while ids(http.clone()).await != ["b"] {
         assert!(t.elapsed() < Duration::from_secs(30), "b never replaced a");
@@ -520,18 +519,9 @@ async fn sighup_reloads_the_configured_sinks() {
         cfg("[[webhooks]]\nid = \"c\"\nurl = \"gopher://x\"\nsecret = \"nope\"\n"),
     )
     .unwrap();
-    hup();
-    let t = Instant::now();
-    let mut log = String::new();
-    while !(log.contains("keeping the running one") && log.contains("gopher")) {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "no error logged:\n{log}"
-        );
-        if let Ok(l) = lines.recv_timeout(Duration::from_millis(100)) {
-            log.push_str(&l);
-            log.push('\n');
-        }
-    }
+    sighup(&child);
+    log_until(&lines, |log| {
+        log.contains("keeping the running one") && log.contains("gopher")
+    });
     assert_eq!(ids(http.clone()).await, ["b"]);
 }

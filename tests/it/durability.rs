@@ -127,18 +127,6 @@ fn replay_batches() -> Vec<Value> {
     fixes.chunks(40).map(|c| Value::Array(c.to_vec())).collect()
 }
 
-async fn all_events(http: &reqwest::Client, base: &str) -> Vec<Value> {
-    let v: Value = http
-        .get(format!("{base}/v1/events?from_seq=0&limit=10000"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    v["events"].as_array().cloned().unwrap_or_default()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_at_random_moments_loses_and_doubles_nothing() {
     // The whole run is shorter than the default checkpoint interval: every restart replays the

@@ -176,22 +176,30 @@ impl Broker {
     }
 }
 
-async fn all_events(srv_base: &str, http: &reqwest::Client) -> Vec<Value> {
-    let v: Value = http
-        .get(format!("{srv_base}/v1/events?from_seq=0&limit=10000"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    v["events"].as_array().cloned().unwrap_or_default()
-}
-
 fn ids(evs: &[Value]) -> Vec<String> {
     evs.iter()
         .map(|e| e["id"].as_str().unwrap().to_string())
         .collect()
+}
+
+/// Waits until the server at `base` reports its MQTT connection up (`/readyz`).
+async fn wait_connected(http: &reqwest::Client, base: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r: Value = http
+            .get(format!("{base}/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if r["mqtt"]["connected"] == true {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never connected: {r}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Polls until `cond` holds for the server's events (generous: the machine is shared).
@@ -203,7 +211,7 @@ async fn wait_events(
 ) -> Vec<Value> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let evs = all_events(base, http).await;
+        let evs = all_events(http, base).await;
         if cond(&evs) {
             return evs;
         }
@@ -233,15 +241,7 @@ async fn owntracks_and_json_messages_become_fixes_and_events() {
             .status(),
         201
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (_, r) = srv.get("/readyz").await;
-        if r["mqtt"]["connected"] == true {
-            break;
-        }
-        assert!(Instant::now() < deadline, "never connected: {r}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_connected(&srv.http, &srv.base).await;
     // The booklet's location message, inside the depot.
     let tst = T0 / 1000;
     let loc = |tst: i64, inside: bool| {
@@ -308,15 +308,7 @@ async fn owntracks_and_json_messages_become_fixes_and_events() {
         .get(&format!("/v1/devices/{}", me.replace('/', "%2F")))
         .await;
     assert_eq!(s, 200, "{d}");
-    let metrics = srv
-        .http
-        .get(srv.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = srv.metrics().await;
     // This is the one in-process server reading MQTT; `malformed_json` is shared with others.
     for line in [
         "geodwell_fixes_received_total{transport=\"mqtt\"} 6",
@@ -492,22 +484,7 @@ async fn a_broker_restart_and_a_kill_9_lose_no_fix_and_no_event() {
         .unwrap();
     assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
     // Wait for the ingest subscription before the first message (the session starts then).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let r: Value = http
-            .get(format!("{base}/readyz"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if r["mqtt"]["connected"] == true {
-            break;
-        }
-        assert!(Instant::now() < deadline, "never connected: {r}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_connected(&http, &base).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let devices: Vec<String> = (0..20).map(|i| format!("d{i}")).collect();
     const ROUNDS: i64 = 10;

@@ -547,3 +547,16 @@ pub fn metric(text: &str, prefix: &str) -> f64 {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
+
+/// Every event the server at `base` holds (up to 10,000), oldest first.
+pub async fn all_events(http: &reqwest::Client, base: &str) -> Vec<Value> {
+    let v: Value = http
+        .get(format!("{base}/v1/events?from_seq=0&limit=10000"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["events"].as_array().cloned().unwrap_or_default()
+}
