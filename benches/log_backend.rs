@@ -2,8 +2,9 @@
 //! the next, into (a) a redb table (`u64 -> bytes`, one write transaction with
 //! `Durability::Immediate` per append), (b) a plain file (`write_all` + `fdatasync`) and (c) the
 //! store's journal (`geodwell::store::journal::Journal`: the plain file with a CRC-32 and a
-//! commit number per record, segments of 64 MiB), side by side in one run, for record sizes of
-//! one fix (~100 B), a small batch (20 KB) and a large one (200 KB).
+//! commit number per record, segments of 16 MiB), once on growing files and once on segments
+//! preallocated with zeros (the spare the service keeps), side by side in one run, for record
+//! sizes of one fix (~100 B), a small batch (20 KB) and a large one (200 KB).
 //!
 //!   cargo bench --bench log_backend [-- --appends N]
 
@@ -100,7 +101,24 @@ fn main() {
         {
             let jdir = dir.path().join(format!("journal-{size}"));
             let (mut j, _) = geodwell::store::journal::Journal::open(&jdir, 0).unwrap();
-            rows.push(run("journal (file + CRC, fdatasync)", size, n, |_, rec| {
+            rows.push(run(
+                "journal, growing file (no spare)",
+                size,
+                n,
+                |_, rec| {
+                    j.append(rec, true).unwrap();
+                },
+            ));
+        }
+        {
+            let jdir = dir.path().join(format!("journal-spare-{size}"));
+            let (mut j, _) = geodwell::store::journal::Journal::open(&jdir, 0).unwrap();
+            j.keep_spares();
+            let t0 = Instant::now();
+            while !j.spare_ready() && t0.elapsed() < Duration::from_secs(30) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            rows.push(run("journal, preallocated (spare)", size, n, |_, rec| {
                 j.append(rec, true).unwrap();
             }));
         }
@@ -120,14 +138,17 @@ fn main() {
                 .find(|r| r.size == size && r.backend.starts_with(b))
                 .unwrap()
         };
-        let (redb, file, journal) = (pick("redb"), pick("file"), pick("journal"));
+        let (redb, file, journal) = (pick("redb"), pick("file"), pick("journal, growing"));
+        let pre = pick("journal, prealloc");
         println!(
-            "{size} B: redb p50 {:.2}x the file's, p99 {:.2}x, throughput {:.2}x; the journal p50 {:.2}x the file's, p99 {:.2}x",
+            "{size} B: redb p50 {:.2}x the file's, p99 {:.2}x, throughput {:.2}x; the journal p50 {:.2}x the file's, p99 {:.2}x; preallocated p50 {:.2}x the growing journal's, p99 {:.2}x",
             redb.p50_ms / file.p50_ms,
             redb.p99_ms / file.p99_ms,
             redb.mb_s / file.mb_s,
             journal.p50_ms / file.p50_ms,
-            journal.p99_ms / file.p99_ms
+            journal.p99_ms / file.p99_ms,
+            pre.p50_ms / journal.p50_ms,
+            pre.p99_ms / journal.p99_ms
         );
     }
 }

@@ -7,6 +7,7 @@
 #   benches/sync_latency.sh                                  this build, none and sync
 #   BASE_BIN=path/to/old/geodwell benches/sync_latency.sh    and that binary's sync too
 #   ROUNDS=3 RATES="50000 100000" DURATION=20s benches/sync_latency.sh
+#   LINGER=2ms benches/sync_latency.sh      smaller batches (the simulator's --linger; default 10ms)
 #
 # Output: a markdown table per rate (median over rounds of ENTER p50 / p99 and all-events p99),
 # reports in target/bench/sync_latency/.
@@ -15,6 +16,7 @@ cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
 RATES=${RATES:-"50000 100000"}
 DURATION=${DURATION:-20s}
+LINGER=${LINGER:-10ms}
 DEVICES=${DEVICES:-100000}
 SITES=${SITES:-1000}
 cargo build --release --quiet
@@ -38,7 +40,7 @@ for rate in $RATES; do
       SERVER_PID=$!
       for _ in $(seq 1 100); do curl -sf "$URL/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
       "$BIN" simulate --server "$URL" --devices "$DEVICES" --sites "$SITES" --rate "$rate" \
-        --duration "$DURATION" --batch 20000 --quiet \
+        --duration "$DURATION" --batch 20000 --linger "$LINGER" --quiet \
         --report "$OUT/$name-$durability-$rate-$round.json" >/dev/null
       stop_server
       echo "done: $name $durability $rate round $round" >&2

@@ -464,6 +464,7 @@ impl Store {
             applied = last;
         }
         journal.release(applied)?;
+        journal.keep_spares();
         let journal = Arc::new(Mutex::new(journal));
         let applier = apply::Applier::spawn(live.clone(), journal.clone(), applied);
         Ok(Store {
