@@ -186,14 +186,7 @@ fn ids(evs: &[Value]) -> Vec<String> {
 async fn wait_connected(http: &reqwest::Client, base: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let r: Value = http
-            .get(format!("{base}/readyz"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let r: Value = get_value(http, format!("{base}/readyz")).await;
         if r["mqtt"]["connected"] == true {
             return;
         }
@@ -539,14 +532,7 @@ async fn a_broker_restart_and_a_kill_9_lose_no_fix_and_no_event() {
     unique.dedup();
     assert_eq!(unique.len(), total);
     sub.wait_ids(&ids(&evs)).await;
-    let st: Value = http
-        .get(format!("{base}/v1/webhooks/out"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let st: Value = get_value(&http, format!("{base}/v1/webhooks/out")).await;
     assert_eq!(st["status"]["dead_lettered"], 0, "{st}");
     drop(sub);
     drop(child);

@@ -30,7 +30,7 @@ use geodwell_core::time::{Dur, Ts};
 use geodwell_sim::rng::Rng;
 use serde_json::{Value, json};
 
-use crate::common::temp_dir;
+use crate::common::{get_value, temp_dir};
 use crate::replay::{fences, to_fix, trace};
 use harness::{NatsCluster, Node};
 
@@ -267,15 +267,11 @@ impl Cluster {
             let mut all = Vec::new();
             let mut from = 1u64;
             loop {
-                let r: Value = self
-                    .http
-                    .get(format!("{url}/v1/events?from_seq={from}&limit=10000"))
-                    .send()
-                    .await
-                    .unwrap()
-                    .json()
-                    .await
-                    .unwrap();
+                let r: Value = get_value(
+                    &self.http,
+                    format!("{url}/v1/events?from_seq={from}&limit=10000"),
+                )
+                .await;
                 let evs = r["events"].as_array().cloned().unwrap_or_default();
                 if evs.is_empty() {
                     break;
@@ -572,15 +568,7 @@ async fn fences_changed_mid_trace_through_different_nodes_apply_everywhere_alike
     c.check(0, &reference, "fences changed mid-trace").await;
     // Every node lists the same fences.
     for node in &c.nodes {
-        let r: Value = c
-            .http
-            .get(format!("{}/v1/fences", node.url))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let r: Value = get_value(&c.http, format!("{}/v1/fences", node.url)).await;
         let ids: BTreeSet<String> = r["features"]
             .as_array()
             .unwrap()
@@ -667,15 +655,7 @@ async fn occupancy_deletion_the_watermark_and_expiry_work_across_nodes() {
     let inside = |k: usize| {
         let c = &c;
         async move {
-            let r: Value = c
-                .http
-                .get(at(k, "/v1/fences/depot-north"))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let r: Value = get_value(&c.http, at(k, "/v1/fences/depot-north")).await;
             r["inside"].as_u64().unwrap_or(u64::MAX)
         }
     };
@@ -699,15 +679,7 @@ async fn occupancy_deletion_the_watermark_and_expiry_work_across_nodes() {
                 .map(|a| format!("&after={a}"))
                 .unwrap_or_default()
         );
-        let page: Value = c
-            .http
-            .get(at(2, &path))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let page: Value = get_value(&c.http, at(2, &path)).await;
         for d in page["devices"].as_array().unwrap() {
             assert!(
                 names.insert(d["device"].as_str().unwrap().to_string()),

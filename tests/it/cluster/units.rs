@@ -7,6 +7,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::common::get_value;
 use geodwell::cluster::lease::{Leases, Renewed, read_stream};
 use geodwell::cluster::nats::{Nats, ev_subject};
 use geodwell::cluster::outbox::{Outbox, published_after};
@@ -243,14 +244,7 @@ async fn a_restarted_node_restores_its_checkpoints_and_repeats_no_event() {
         .expect("the node starts again");
     let base = format!("http://{}", svc.addr());
     wait_ready(&http, &base).await;
-    let view: Value = http
-        .get(format!("{base}/v1/cluster"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let view: Value = get_value(&http, format!("{base}/v1/cluster")).await;
     for p in view["partition_owners"].as_array().unwrap() {
         assert_eq!(p["owner"], "solo", "{p}");
         assert_eq!(
@@ -263,14 +257,7 @@ async fn a_restarted_node_restores_its_checkpoints_and_repeats_no_event() {
         );
     }
     // The devices are back, and more input goes on from where they were.
-    let d: Value = http
-        .get(format!("{base}/v1/devices/dev-3"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let d: Value = get_value(&http, format!("{base}/v1/devices/dev-3")).await;
     assert_eq!(d["pairs"][0]["fence"], "yard", "{d}");
     let more: Vec<Value> = (0..20)
         .map(|d| fix(&format!("dev-{d}"), 400, false))
@@ -312,14 +299,7 @@ async fn wait_ready(http: &reqwest::Client, base: &str) {
 async fn wait_events(http: &reqwest::Client, base: &str, n: usize) -> Vec<Value> {
     let t0 = Instant::now();
     loop {
-        let v: Value = http
-            .get(format!("{base}/v1/events?from_seq=1&limit=10000"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let v: Value = get_value(http, format!("{base}/v1/events?from_seq=1&limit=10000")).await;
         let evs = v["events"].as_array().cloned().unwrap_or_default();
         if evs.len() >= n || t0.elapsed() > Duration::from_secs(30) {
             return evs;
@@ -381,14 +361,7 @@ async fn post_ten_fixes(http: &reqwest::Client, base: &str, secs: i64, inside: u
 
 /// The nodes whose heartbeat says they deliver sink `id`.
 async fn deliverers(http: &reqwest::Client, base: &str, id: &str) -> Vec<String> {
-    let v: Value = http
-        .get(format!("{base}/v1/cluster"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = get_value(http, format!("{base}/v1/cluster")).await;
     v["nodes"]
         .as_array()
         .unwrap()
@@ -439,14 +412,7 @@ async fn a_webhook_is_delivered_by_one_node_and_resumed_by_another_when_it_stops
     // The definition reaches the other node.
     let t0 = Instant::now();
     loop {
-        let v: Value = http
-            .get(format!("{ub}/v1/webhooks"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let v: Value = get_value(&http, format!("{ub}/v1/webhooks")).await;
         if v["webhooks"].as_array().is_some_and(|w| w.len() == 1) {
             break;
         }

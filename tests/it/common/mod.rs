@@ -548,15 +548,13 @@ pub fn metric(text: &str, prefix: &str) -> f64 {
         .sum()
 }
 
+/// GET `url` and its JSON body (panics on a transport error or a body that is not JSON).
+pub async fn get_value(http: &reqwest::Client, url: impl reqwest::IntoUrl) -> Value {
+    http.get(url).send().await.unwrap().json().await.unwrap()
+}
+
 /// Every event the server at `base` holds (up to 10,000), oldest first.
 pub async fn all_events(http: &reqwest::Client, base: &str) -> Vec<Value> {
-    let v: Value = http
-        .get(format!("{base}/v1/events?from_seq=0&limit=10000"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = get_value(http, format!("{base}/v1/events?from_seq=0&limit=10000")).await;
     v["events"].as_array().cloned().unwrap_or_default()
 }
