@@ -698,3 +698,22 @@ pub fn init_tracing() {
         .with_writer(std::io::stderr)
         .try_init();
 }
+
+#[cfg(test)]
+mod tests {
+    /// Histogram samples must not wait for a scrape to be folded: installing the recorder starts
+    /// the upkeep thread (Linux cuts thread names to 15 bytes).
+    #[test]
+    fn install_starts_the_histogram_upkeep() {
+        let _ = super::install();
+        let names: Vec<String> = std::fs::read_dir("/proc/self/task")
+            .expect("procfs")
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .map(|n| n.trim().to_string())
+            .collect();
+        assert!(
+            names.iter().any(|n| n == "geodwell-metric"),
+            "no upkeep thread among {names:?}"
+        );
+    }
+}
