@@ -338,7 +338,7 @@ async fn batches_beyond_the_memory_budget_get_503_and_memory_stays_bounded() {
     );
     // Once the overload is over (its idle connections closed by the 1 s header timeout), the
     // memory goes back: the budget empties and the allocator is trimmed. What is left over
-    // the baseline (26-41 MB in seven runs on a 2-core machine, against a peak about 100 MB
+    // the baseline (21-41 MB in ten runs on a 2-core machine, against a peak about 100 MB
     // over it) does not grow with further overloads.
     assert!(
         after < base_rss + (60 << 20),
