@@ -66,8 +66,7 @@ impl Engine {
         }
         let mut r = Restored::default();
         self.devices.reserve(devices.len());
-        self.device_ids
-            .reserve(&self.devices, &self.ids, devices.len());
+        self.device_ids.reserve(&self.ids, devices.len());
         for st in devices {
             // A removal handed out by a checkpoint: nothing to hold.
             if st.is_blank() {

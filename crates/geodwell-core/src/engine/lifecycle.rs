@@ -35,7 +35,7 @@ impl Engine {
     /// Removes device `id`: its pairs, timers, buffered fixes and id; emits no event. Returns
     /// false for an unknown device.
     pub fn remove_device(&mut self, id: &str) -> bool {
-        let Some(d) = self.device_ids.get(&self.devices, &self.ids, id) else {
+        let Some(d) = self.device_ids.get(&self.ids, id) else {
             return false;
         };
         // Before anything changes (a checkpoint in progress copies it first).
@@ -49,7 +49,7 @@ impl Engine {
                 self.wheel.cancelled();
             }
         }
-        self.device_ids.remove(&self.devices, &self.ids, id, d);
+        self.device_ids.remove(id, d);
         self.dead_id_bytes += IdArena::cost(id.as_bytes());
         self.devices[d.index()] = Device::free();
         self.free_devices.push(d);
@@ -85,7 +85,7 @@ impl Engine {
 
     /// Whether device `id` is idle under `rule` at watermark `w` (false for an unknown device).
     pub fn is_idle(&self, id: &str, rule: IdleRule, w: Ts) -> bool {
-        match self.device_ids.get(&self.devices, &self.ids, id) {
+        match self.device_ids.get(&self.ids, id) {
             Some(d) => self.idle_at(d, w.minus(rule.ttl)) && rule.ttl > Dur::ZERO,
             None => false,
         }
@@ -115,6 +115,6 @@ impl Engine {
         }
         self.ids = fresh;
         self.dead_id_bytes = 0;
-        // The table holds slots and hashes id bytes, which did not change: nothing to rebuild.
+        self.device_ids.rebase(&self.devices);
     }
 }

@@ -19,7 +19,7 @@ impl Engine {
     /// The state of device `id`: its last applied fix and position, how many fixes it buffers,
     /// and its pairs by fence id; `None` for a device the engine has never seen.
     pub fn device(&self, id: &str) -> Option<DeviceView> {
-        let d = self.device_ids.get(&self.devices, &self.ids, id)?;
+        let d = self.device_ids.get(&self.ids, id)?;
         let dev = &self.devices[d.index()];
         let mut pairs: Vec<(Arc<str>, PairView)> = pairs_of(&self.devices, &self.pairs, d)
             .filter_map(|p| {
