@@ -352,7 +352,7 @@ fn build_state(target_pairs: usize, cfg: &Config) -> Built {
         positions.push((lon, lat));
         let ts = Ts(T0 + i as i64 * WINDOW_MS / n as i64);
         let fix = Fix {
-            device: Arc::from(format!("device-{i:07}")),
+            device: format!("device-{i:07}").into(),
             ts,
             lat,
             lon,
@@ -367,7 +367,7 @@ fn build_state(target_pairs: usize, cfg: &Config) -> Built {
     // 1% of the devices have a later fix waiting in their reorder buffer.
     for (i, &(lon, lat)) in positions.iter().enumerate().step_by(100) {
         let fix = Fix {
-            device: Arc::from(format!("device-{i:07}")),
+            device: format!("device-{i:07}").into(),
             ts: Ts(w + 1 + (i as i64 % 1_999)),
             lat,
             lon,
@@ -465,7 +465,7 @@ fn write_store(dir: &Path, b: Built, cfg: &Config, log_fixes: usize) -> (f64, u6
         let id = format!("device-{d:07}");
         let k = shard_of(&id, cfg.shards);
         let fix = Fix {
-            device: Arc::from(id),
+            device: id.into(),
             ts: Ts(ts),
             lat,
             lon,

@@ -22,6 +22,7 @@
 //! partition's lag ([`Lags`]: over `shard_queue` records, 503 `overloaded`), and at most
 //! [`MAX_IN_FLIGHT`] parts waiting for acknowledgements and outcomes.
 
+use compact_str::CompactString;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -58,7 +59,7 @@ struct Job {
     record: Vec<u8>,
     msg_id: String,
     /// Per fix: its index in the request and its device.
-    fixes: Vec<(usize, Arc<str>)>,
+    fixes: Vec<(usize, CompactString)>,
     /// The batch it belongs to.
     batch: Arc<BatchAck>,
     reply: oneshot::Sender<StepReply>,
@@ -436,16 +437,16 @@ impl Outcome {
         }
     }
 
-    fn into_result(self, device: &Arc<str>) -> Result<Ingested, IngestError> {
+    fn into_result(self, device: &str) -> Result<Ingested, IngestError> {
         match self {
             Outcome::Accepted => Ok(Ingested::Accepted),
             Outcome::Late => Ok(Ingested::Late),
             Outcome::Duplicate => Ok(Ingested::Duplicate),
             Outcome::TooManyDevices => Err(IngestError::TooManyDevices {
-                device: device.clone(),
+                device: Arc::from(device),
             }),
             Outcome::BufferFull(max) => Err(IngestError::BufferFull {
-                device: device.clone(),
+                device: Arc::from(device),
                 max: max as usize,
             }),
         }

@@ -256,7 +256,8 @@ pub enum RawItem {
 /// extensions) are skipped, as the `Value` path ignores them.
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 pub struct FastFix {
-    device: String,
+    /// Inline up to 24 bytes: a usual id is read without a heap block.
+    device: compact_str::CompactString,
     ts: FastTs,
     lat: f64,
     lon: f64,

@@ -56,7 +56,7 @@ pub fn expected_events_with_removals(
     for i in inputs {
         match i {
             Input::Fix(f) => {
-                let l = lives.entry(f.device.clone()).or_default();
+                let l = lives.entry(Arc::from(f.device.as_str())).or_default();
                 if l.is_empty() {
                     l.push((Vec::new(), w_final));
                 }

@@ -6,6 +6,8 @@
 //! device with nothing buffered applies a fix `<= W` at once, without a reorder block. Bringing a
 //! device up to date is idempotent, so a stale wake-up (from `soon` or the wheel) is harmless.
 
+use std::sync::Arc;
+
 use crate::event::Event;
 use crate::fences::Fence;
 use crate::fix::Fix;
@@ -31,7 +33,7 @@ impl Engine {
         }
         let Some(d) = self.device_slot(&fix.device) else {
             return Err(IngestError::TooManyDevices {
-                device: fix.device.clone(),
+                device: Arc::from(fix.device.as_str()),
             });
         };
         let dev = &self.devices[d.index()];
@@ -80,7 +82,7 @@ impl Engine {
         }
         if buffer.len() >= self.cfg.max_buffered_per_device {
             return Err(IngestError::BufferFull {
-                device: fix.device.clone(),
+                device: Arc::from(fix.device.as_str()),
                 max: self.cfg.max_buffered_per_device,
             });
         }
