@@ -702,18 +702,27 @@ pub fn init_tracing() {
 #[cfg(test)]
 mod tests {
     /// Histogram samples must not wait for a scrape to be folded: installing the recorder starts
-    /// the upkeep thread (Linux cuts thread names to 15 bytes).
+    /// the upkeep thread (Linux cuts thread names to 15 bytes). A new thread names itself once
+    /// it runs, so until then it carries its parent's name: the test waits for the name.
     #[test]
     fn install_starts_the_histogram_upkeep() {
         let _ = super::install();
-        let names: Vec<String> = std::fs::read_dir("/proc/self/task")
-            .expect("procfs")
-            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-            .map(|n| n.trim().to_string())
-            .collect();
-        assert!(
-            names.iter().any(|n| n == "geodwell-metric"),
-            "no upkeep thread among {names:?}"
-        );
+        let threads = || -> Vec<String> {
+            std::fs::read_dir("/proc/self/task")
+                .expect("procfs")
+                .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                .map(|n| n.trim().to_string())
+                .collect()
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let mut names = threads();
+        while !names.iter().any(|n| n == "geodwell-metric") {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no upkeep thread among {names:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            names = threads();
+        }
     }
 }
