@@ -16,9 +16,9 @@
 //!
 //! Invariants: a device has a [`Reorder`] exactly while it buffers a fix or arms a flush timer; a
 //! device's id is `arena.get(device.id)` for its whole life; every entry in [`DeviceIds`] is a
-//! live device whose id hashes to it, with that id's current arena offset; every live pair is in exactly one device's list, which ends in
-//! that device, and a free pair slot is in none (`Engine::check_records` asserts all of these
-//! in tests).
+//! live device whose id hashes to it, with that id's current arena offset; every live pair is in
+//! exactly one device's list, which ends in that device, and a free pair slot is in none
+//! (`Engine::check_records` asserts all of these in tests).
 
 use std::hash::BuildHasher;
 
