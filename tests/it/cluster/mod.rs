@@ -216,6 +216,23 @@ impl Cluster {
         self.nodes.iter().position(|n| n.id == owner)
     }
 
+    /// The node owning partition `p`, waiting for one: under load (the whole test suite on two
+    /// cores) a lease can be between holders, or the view unreadable, for a moment.
+    async fn wait_owner(&self, p: u64) -> usize {
+        let t0 = Instant::now();
+        loop {
+            if let Some(o) = self.owner_of(p).await {
+                return o;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "partition {p} has no owner\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Sends `batch` to node `first` (then the next live ones) until one answers 2xx.
     async fn send(&self, first: usize, batch: &[Value]) -> Value {
         let t0 = Instant::now();
@@ -387,7 +404,7 @@ async fn kill_9_of_an_owner_mid_batch_loses_and_doubles_nothing() {
     // Kill the owner of the next batch's first device while that batch is on its way to it.
     let dev = w.batches[n / 3][0]["device"].as_str().unwrap();
     let p = geodwell::shard::shard_of(dev, 16) as u64;
-    let victim = c.owner_of(p).await.expect("partition owned");
+    let victim = c.wait_owner(p).await;
     let url = c.nodes[victim].url.clone();
     let batch = w.batches[n / 3].clone();
     let http = c.http.clone();
@@ -431,7 +448,7 @@ async fn a_paused_owner_past_its_lease_stands_down_as_a_zombie() {
     let mut c = Cluster::start().await;
     let n = w.batches.len();
     c.send_range(0..n / 3).await;
-    let victim = c.owner_of(0).await.expect("partition 0 owned");
+    let victim = c.wait_owner(0).await;
     c.nodes[victim].signal(libc::SIGSTOP);
     // Others send while it sleeps; its partitions move after the lease runs out.
     let others: Vec<usize> = (0..3).filter(|&i| i != victim).collect();
