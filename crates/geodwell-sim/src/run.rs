@@ -239,6 +239,7 @@ pub async fn run(
                     exit_confirm: f.settings.exit_confirm,
                     stale_after_ms: f.settings.stale_after.map(|d| d.0),
                     max_accuracy_m: f.settings.max_accuracy_m,
+                    confirm_within_ms: f.settings.confirm_within.0,
                 },
             )
         })

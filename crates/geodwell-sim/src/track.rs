@@ -13,13 +13,16 @@
 //!   DWELL is caused by the input that moved the watermark past its deadline: in event clock
 //!   mode the first batch whose largest `ts` reaches `at + lateness`, in live mode the wall
 //!   instant `at + lateness`, provided a remembered fix shows the device fresh at the deadline
-//!   and no fix of the device after the deadline went out before that input. Otherwise the
+//!   and no fix of the device after the deadline went out after that input. Otherwise the
 //!   DWELL may have been held back (the device STALE, or an EXIT run pending) and released by
 //!   a later fix that is not outside the fence, or by the run's expiry: which one, the tracker
 //!   cannot tell (it does not know where a fix lies), so such a DWELL is counted as unmatched
-//!   rather than measured from a guess. (Measuring it from the first fix after the deadline
-//!   produced the single outliers of hundreds of milliseconds to seconds in `benches/e2e.sh`:
-//!   the fix that released the event was sent later than that one.)
+//!   rather than measured from a guess. The same holds when the device's latest fix before the
+//!   deadline may have started an EXIT run (`exit_confirm > 1`) and the watermark had passed
+//!   that run's expiry (`confirm_within` after the fix) by the time the DWELL arrived: the
+//!   deadline or the expiry released it. (Measuring such DWELLs from the deadline's batch, or
+//!   from the first fix after the deadline, produced the single outliers of hundreds of
+//!   milliseconds to seconds in `benches/e2e.sh`: the event was released by a later input.)
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -49,6 +52,8 @@ pub struct FenceFacts {
     pub stale_after_ms: Option<i64>,
     /// `max_accuracy_m`, if on: less accurate fixes do not count towards a confirmation.
     pub max_accuracy_m: Option<f64>,
+    /// `confirm_within` in ms: a pending run expires this long after its latest fix.
+    pub confirm_within_ms: i64,
 }
 
 /// How the server's watermark moves.
@@ -246,8 +251,41 @@ impl Tracker {
         id.strip_prefix(&self.prefix)?.parse().ok()
     }
 
-    /// When the input that caused this event was sent (µs since `t0`), if known.
-    pub fn cause_us(&self, kind: Kind, device: &str, fence: &str, at: i64) -> Option<u64> {
+    /// The first send (µs since `t0`) of a batch that moved the watermark past `t`, if one
+    /// went out yet (event clock), or the wall instant it passes `t` (live clock).
+    fn watermark_passes_us(&self, t: i64) -> Option<u64> {
+        match self.model {
+            WatermarkModel::Event { lateness_ms } => {
+                // The engine processes a deadline once the watermark is past it.
+                let need = t + lateness_ms + 1;
+                let marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+                let i = marks.partition_point(|m| m.0 < need);
+                // Marks older than the history make the cause unknowable.
+                if i == 0 && marks.len() == MARKS {
+                    return None;
+                }
+                marks.get(i).map(|m| m.1)
+            }
+            WatermarkModel::Live {
+                lateness_ms,
+                wall_ms_at_t0,
+            } => {
+                let due_ms = t + lateness_ms - wall_ms_at_t0;
+                Some((due_ms.max(0) as u64) * 1000)
+            }
+        }
+    }
+
+    /// When the input that caused this event was sent (µs since `t0`), if known, for an event
+    /// that arrived at `arrived_us`.
+    pub fn cause_us(
+        &self,
+        kind: Kind,
+        device: &str,
+        fence: &str,
+        at: i64,
+        arrived_us: u64,
+    ) -> Option<u64> {
         let facts = self.fences.get(fence).copied();
         let dev = self.device_of(device)?;
         match kind {
@@ -279,37 +317,43 @@ impl Tracker {
                         return None;
                     }
                 }
-                let by_watermark = match self.model {
-                    WatermarkModel::Event { lateness_ms } => {
-                        // The engine processes a deadline once the watermark is past it.
-                        let need = at + lateness_ms + 1;
-                        let marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
-                        let i = marks.partition_point(|m| m.0 < need);
-                        // Marks older than the history make the cause unknowable.
-                        if i == 0 && marks.len() == MARKS {
-                            return None;
-                        }
-                        marks.get(i).map(|m| m.1)?
-                    }
-                    WatermarkModel::Live {
-                        lateness_ms,
-                        wall_ms_at_t0,
-                    } => {
-                        let due_ms = at + lateness_ms - wall_ms_at_t0;
-                        (due_ms.max(0) as u64) * 1000
-                    }
-                };
-                // A fix of the device after the deadline sent before the watermark passed it:
-                // a pending EXIT vote (docs/semantics.md section 5.13) may have held the DWELL
-                // until that fix or a later one decided the run. Which one is unknowable here.
+                let by_watermark = self.watermark_passes_us(at)?;
+                // A fix of the device after the deadline sent after the watermark passed it: a
+                // pending EXIT run (docs/semantics.md section 5.13) may have held the DWELL until
+                // that fix or a later one decided the run. Which one is unknowable here.
                 let by_fix = recent
                     .iter()
                     .find(|&&(ts, _, _)| ts > at)
                     .and_then(|&(_, batch, _)| self.send_us(batch));
-                match by_fix {
-                    Some(f) if f > by_watermark => None,
-                    _ => Some(by_watermark),
+                if matches!(by_fix, Some(f) if f > by_watermark) {
+                    return None;
                 }
+                // The device's latest counting fix at or before the deadline may have been
+                // outside, a vote of an EXIT run still pending at the deadline; such a run holds
+                // the DWELL until a fix breaks it (the check above) or it expires,
+                // `confirm_within` after its latest vote (sections 5.11, 5.13; a later vote only
+                // moves the expiry later, so this one is the earliest it can be). If the
+                // watermark passed that expiry before the event arrived, either the deadline or
+                // the expiry released it.
+                if let Some(f) = facts
+                    && f.exit_confirm > 1
+                {
+                    let counts = |a: f32| f.max_accuracy_m.is_none_or(|m| a as f64 <= m);
+                    let last = recent
+                        .iter()
+                        .filter(|&&(ts, _, a)| ts <= at && counts(a))
+                        .map(|&(ts, _, _)| ts)
+                        .max()?;
+                    let expiry = last + f.confirm_within_ms;
+                    if expiry >= at
+                        && self
+                            .watermark_passes_us(expiry)
+                            .is_some_and(|e| e <= arrived_us)
+                    {
+                        return None;
+                    }
+                }
+                Some(by_watermark)
             }
         }
     }
@@ -317,7 +361,7 @@ impl Tracker {
     /// Subscriber side: an event arrived now.
     pub fn record(&self, kind: Kind, device: &str, fence: &str, at: i64) {
         let now = self.now_us();
-        let cause = self.cause_us(kind, device, fence, at);
+        let cause = self.cause_us(kind, device, fence, at, now);
         let mut h = self.hist.lock().unwrap_or_else(|e| e.into_inner());
         match cause {
             Some(c) => {
@@ -359,6 +403,7 @@ mod tests {
                 exit_confirm: exit,
                 stale_after_ms: Some(900_000),
                 max_accuracy_m: Some(50.0),
+                confirm_within_ms: 300_000,
             },
         )])
     }
@@ -375,25 +420,31 @@ mod tests {
         t.note_fix(1, 2_000, 7, 5.0);
         t.note_fix(1, 3_000, 8, 5.0);
         assert_eq!(
-            t.cause_us(Kind::Enter, "d1", "f", 2_000),
+            t.cause_us(Kind::Enter, "d1", "f", 2_000, u64::MAX),
             None,
             "batch 8 not sent yet"
         );
         let sent = t.note_send(8, 3_000);
-        assert_eq!(t.cause_us(Kind::Enter, "d1", "f", 2_000), Some(sent));
+        assert_eq!(
+            t.cause_us(Kind::Enter, "d1", "f", 2_000, u64::MAX),
+            Some(sent)
+        );
         // Exit confirm 1: the fix at `at` itself.
         let s7 = t.note_send(7, 2_000);
-        assert_eq!(t.cause_us(Kind::Exit, "d1", "f", 2_000), Some(s7));
+        assert_eq!(t.cause_us(Kind::Exit, "d1", "f", 2_000, u64::MAX), Some(s7));
         // An inaccurate fix does not count towards the fence's confirmation.
         t.note_fix(2, 2_000, 9, 5.0);
         t.note_fix(2, 3_000, 10, 90.0);
         t.note_fix(2, 4_000, 11, 5.0);
         t.note_send(10, 3_000);
         let s11 = t.note_send(11, 4_000);
-        assert_eq!(t.cause_us(Kind::Enter, "d2", "f", 2_000), Some(s11));
+        assert_eq!(
+            t.cause_us(Kind::Enter, "d2", "f", 2_000, u64::MAX),
+            Some(s11)
+        );
         // Unknown device / prefix / ts.
-        assert_eq!(t.cause_us(Kind::Enter, "x1", "f", 2_000), None);
-        assert_eq!(t.cause_us(Kind::Exit, "d1", "f", 2_500), None);
+        assert_eq!(t.cause_us(Kind::Enter, "x1", "f", 2_000, u64::MAX), None);
+        assert_eq!(t.cause_us(Kind::Exit, "d1", "f", 2_500, u64::MAX), None);
     }
 
     #[test]
@@ -409,8 +460,11 @@ mod tests {
             t.note_fix(0, 1_000 * (n as i64 + 1), n, 5.0);
             t.note_send(n, 1_000 * (n as i64 + 1));
         }
-        assert_eq!(t.cause_us(Kind::Enter, "d0", "f", 1_000), None);
-        assert!(t.cause_us(Kind::Enter, "d0", "f", 2_000).is_some());
+        assert_eq!(t.cause_us(Kind::Enter, "d0", "f", 1_000, u64::MAX), None);
+        assert!(
+            t.cause_us(Kind::Enter, "d0", "f", 2_000, u64::MAX)
+                .is_some()
+        );
     }
 
     #[test]
@@ -423,27 +477,84 @@ mod tests {
             "d".into(),
         );
         // Nothing known about the device at the deadline: unknown.
-        assert_eq!(t.cause_us(Kind::Dwell, "d0", "f", 19_000), None);
+        assert_eq!(t.cause_us(Kind::Dwell, "d0", "f", 19_000, u64::MAX), None);
         // A fix shortly before the deadline shows the device fresh: the watermark decides.
         t.note_fix(0, 18_000, 0, 5.0);
         let a = t.note_send(1, 10_000);
         let b = t.note_send(2, 20_000);
         let _ = a;
         // Deadline 19_000 + lateness 500 is first reached by batch 2.
-        assert_eq!(t.cause_us(Kind::Dwell, "d0", "f", 19_000), Some(b));
-        assert_eq!(t.cause_us(Kind::Dwell, "d0", "f", 30_000), None);
+        assert_eq!(
+            t.cause_us(Kind::Dwell, "d0", "f", 19_000, u64::MAX),
+            Some(b)
+        );
+        assert_eq!(t.cause_us(Kind::Dwell, "d0", "f", 30_000, u64::MAX), None);
         // A fix after the deadline, sent after the watermark's batch: a pending EXIT vote may have
         // held the DWELL until it or a later fix; the cause is unknowable.
         t.note_fix(0, 19_200, 5, 5.0);
         let d = t.note_send(5, 19_200);
         assert!(d > b);
-        assert_eq!(t.cause_us(Kind::Dwell, "d0", "f", 19_000), None);
+        assert_eq!(t.cause_us(Kind::Dwell, "d0", "f", 19_000, u64::MAX), None);
         // A silence of more than stale_after spanning the deadline: held STALE, released by some
         // later fix: unknowable too.
         t.note_fix(0, 100_000, 3, 5.0);
         t.note_fix(0, 1_100_000, 4, 5.0);
         let _c = t.note_send(4, 1_100_000);
-        assert_eq!(t.cause_us(Kind::Dwell, "d0", "f", 1_050_000), None);
+        assert_eq!(
+            t.cause_us(Kind::Dwell, "d0", "f", 1_050_000, u64::MAX),
+            None
+        );
+    }
+
+    #[test]
+    fn dwell_after_a_possible_exit_run_expiry_is_unmatched() {
+        let gap = || std::thread::sleep(std::time::Duration::from_millis(2));
+        let t = Tracker::new(
+            1,
+            0,
+            WatermarkModel::Event { lateness_ms: 0 },
+            facts(1, 2),
+            "d".into(),
+        );
+        // The device's last counting fix is 1 s before the deadline, then it goes quiet. If
+        // that fix was outside, the EXIT run it started expires at 318_000 (confirm_within 5
+        // min) and holds the DWELL of 19_000 until then; an inaccurate fix after it neither
+        // counts as a vote nor moves the expiry.
+        t.note_fix(0, 18_000, 0, 5.0);
+        t.note_fix(0, 18_500, 0, 90.0);
+        t.note_send(0, 18_500);
+        gap();
+        let b = t.note_send(1, 20_000);
+        gap();
+        // Arrived before the watermark passed the expiry: the deadline released it.
+        assert_eq!(t.cause_us(Kind::Dwell, "d0", "f", 19_000, b + 1), Some(b));
+        let e = t.note_send(2, 318_200);
+        assert!(e > b);
+        assert_eq!(
+            t.cause_us(Kind::Dwell, "d0", "f", 19_000, e - 1),
+            Some(b),
+            "before the expiry's batch went out"
+        );
+        // Arrived after it: the deadline or the expiry; unknowable.
+        assert_eq!(t.cause_us(Kind::Dwell, "d0", "f", 19_000, e), None);
+        // With exit_confirm 1 an outside fix exits at once: no run can hold the DWELL.
+        let t1 = Tracker::new(
+            1,
+            0,
+            WatermarkModel::Event { lateness_ms: 0 },
+            facts(1, 1),
+            "d".into(),
+        );
+        t1.note_fix(0, 18_000, 0, 5.0);
+        t1.note_send(0, 18_000);
+        gap();
+        let b1 = t1.note_send(1, 20_000);
+        gap();
+        t1.note_send(2, 400_000);
+        assert_eq!(
+            t1.cause_us(Kind::Dwell, "d0", "f", 19_000, u64::MAX),
+            Some(b1)
+        );
     }
 
     #[test]
@@ -454,6 +565,9 @@ mod tests {
         };
         let t = Tracker::new(1, 0, model, facts(1, 1), "d".into());
         t.note_fix(0, 50_500, 0, 5.0);
-        assert_eq!(t.cause_us(Kind::Dwell, "d0", "f", 51_000), Some(2_000_000));
+        assert_eq!(
+            t.cause_us(Kind::Dwell, "d0", "f", 51_000, u64::MAX),
+            Some(2_000_000)
+        );
     }
 }
