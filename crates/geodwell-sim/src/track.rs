@@ -13,14 +13,15 @@
 //!   DWELL is caused by the input that moved the watermark past its deadline: in event clock
 //!   mode the first batch whose largest `ts` reaches `at + lateness`, in live mode the wall
 //!   instant `at + lateness`, provided a remembered fix shows the device fresh at the deadline
-//!   and no fix of the device after the deadline went out after that input. Otherwise the
-//!   DWELL may have been held back (the device STALE, or an EXIT run pending) and released by
+//!   (checked when the fence has `stale_after`) and the first counting fix of the device after
+//!   the deadline did not go out after that input. Otherwise the DWELL may have been held back (the device STALE, or an EXIT run pending) and released by
 //!   a later fix that is not outside the fence, or by the run's expiry: which one, the tracker
 //!   cannot tell (it does not know where a fix lies), so such a DWELL is counted as unmatched
-//!   rather than measured from a guess. The same holds when the device's latest fix before the
-//!   deadline may have started an EXIT run (`exit_confirm > 1`) and the watermark had passed
-//!   that run's expiry (`confirm_within` after the fix) by the time the DWELL arrived: the
-//!   deadline or the expiry released it. (Measuring such DWELLs from the deadline's batch, or
+//!   rather than measured from a guess. The same holds, for a fence with `exit_confirm > 1`,
+//!   when the device's latest counting fix at or before the deadline (none remembered: unmatched)
+//!   may have started an EXIT run and a later batch than the deadline's moved the watermark past
+//!   that run's expiry (`confirm_within` after the fix) before the DWELL arrived: the deadline
+//!   or the expiry released it. (Measuring such DWELLs from the deadline's batch, or
 //!   from the first fix after the deadline, produced the single outliers of hundreds of
 //!   milliseconds to seconds in `benches/e2e.sh`: the event was released by a later input.)
 
@@ -318,12 +319,17 @@ impl Tracker {
                     }
                 }
                 let by_watermark = self.watermark_passes_us(at)?;
-                // A fix of the device after the deadline sent after the watermark passed it: a
-                // pending EXIT run (docs/semantics.md section 5.13) may have held the DWELL until
-                // that fix or a later one decided the run. Which one is unknowable here.
+                // Fixes less accurate than the fence's filter neither break nor extend a run
+                // (section 5.10).
+                let max_acc = facts.and_then(|f| f.max_accuracy_m);
+                let counts = |a: f32| max_acc.is_none_or(|m| a as f64 <= m);
+                // The first counting fix of the device after the deadline, sent after the
+                // watermark passed it: a pending EXIT run (docs/semantics.md section 5.13) may
+                // have held the DWELL until that fix or a later one decided the run. Which one
+                // is unknowable here.
                 let by_fix = recent
                     .iter()
-                    .find(|&&(ts, _, _)| ts > at)
+                    .find(|&&(ts, _, a)| ts > at && counts(a))
                     .and_then(|&(_, batch, _)| self.send_us(batch));
                 if matches!(by_fix, Some(f) if f > by_watermark) {
                     return None;
@@ -333,12 +339,12 @@ impl Tracker {
                 // the DWELL until a fix breaks it (the check above) or it expires,
                 // `confirm_within` after its latest vote (sections 5.11, 5.13; a later vote only
                 // moves the expiry later, so this one is the earliest it can be). If the
-                // watermark passed that expiry before the event arrived, either the deadline or
-                // the expiry released it.
+                // watermark passed that expiry before the event arrived, in a later batch than
+                // the deadline's, either the deadline or the expiry released it (one batch
+                // passing both is the cause either way).
                 if let Some(f) = facts
                     && f.exit_confirm > 1
                 {
-                    let counts = |a: f32| f.max_accuracy_m.is_none_or(|m| a as f64 <= m);
                     let last = recent
                         .iter()
                         .filter(|&&(ts, _, a)| ts <= at && counts(a))
@@ -348,7 +354,7 @@ impl Tracker {
                     if expiry >= at
                         && self
                             .watermark_passes_us(expiry)
-                            .is_some_and(|e| e <= arrived_us)
+                            .is_some_and(|e| e > by_watermark && e <= arrived_us)
                     {
                         return None;
                     }
@@ -537,6 +543,46 @@ mod tests {
         );
         // Arrived after it: the deadline or the expiry; unknowable.
         assert_eq!(t.cause_us(Kind::Dwell, "d0", "f", 19_000, e), None);
+        // One batch moving the watermark past both the deadline and the expiry is the cause
+        // either way.
+        let t2 = Tracker::new(
+            1,
+            0,
+            WatermarkModel::Event { lateness_ms: 0 },
+            facts(1, 2),
+            "d".into(),
+        );
+        t2.note_fix(0, 18_000, 0, 5.0);
+        t2.note_send(0, 18_000);
+        gap();
+        let both = t2.note_send(1, 400_000);
+        assert_eq!(
+            t2.cause_us(Kind::Dwell, "d0", "f", 19_000, u64::MAX),
+            Some(both)
+        );
+        // An inaccurate fix after the deadline in the deadline's batch neither breaks nor
+        // extends a run; the counting fix after it, sent later, may have released the DWELL.
+        let t3 = Tracker::new(
+            1,
+            0,
+            WatermarkModel::Event { lateness_ms: 0 },
+            facts(1, 2),
+            "d".into(),
+        );
+        t3.note_fix(0, 18_000, 0, 5.0);
+        t3.note_send(0, 18_000);
+        t3.note_fix(0, 19_100, 1, 90.0);
+        gap();
+        let b3 = t3.note_send(1, 20_000);
+        assert_eq!(
+            t3.cause_us(Kind::Dwell, "d0", "f", 19_000, u64::MAX),
+            Some(b3),
+            "nothing counting after the deadline yet"
+        );
+        t3.note_fix(0, 19_300, 2, 5.0);
+        gap();
+        t3.note_send(2, 20_500);
+        assert_eq!(t3.cause_us(Kind::Dwell, "d0", "f", 19_000, u64::MAX), None);
         // With exit_confirm 1 an outside fix exits at once: no run can hold the DWELL.
         let t1 = Tracker::new(
             1,
