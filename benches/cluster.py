@@ -65,24 +65,45 @@ def wait_ok(port, path, within=90):
 class NatsCluster:
     def __init__(self, n=3):
         self.dir = os.path.join(OUT, "nats")
+        self.p = [None] * n
+        # A port found free can be taken before the server binds it (another process, or an
+        # outgoing connection's local port): a server that exits at start is a failed attempt,
+        # and the cluster starts again on fresh ports.
+        for attempt in range(3):
+            if self.try_start(n):
+                return
+            print(f"NATS cluster: a server did not start (attempt {attempt + 1}); new ports", file=sys.stderr)
+            self.stop_all()
+        raise SystemExit("the NATS cluster did not start in 3 attempts; logs in " + self.dir)
+
+    def try_start(self, n):
         shutil.rmtree(self.dir, ignore_errors=True)
         os.makedirs(self.dir)
         self.ports = [free_port() for _ in range(n)]
         self.routes = [free_port() for _ in range(n)]
         self.mon = [free_port() for _ in range(n)]
-        self.p = [None] * n
         for i in range(n):
             self.start(i)
         t0 = time.time()
         while True:
+            if any(p.poll() is not None for p in self.p):
+                return False
             try:
-                if json.loads(get(self.mon[0], "/jsz")[1]).get("meta_cluster", {}).get("leader"):
-                    break
+                # Ours (a foreign process could hold the monitor port), with a meta leader.
+                ours = json.loads(get(self.mon[0], "/varz")[1]).get("server_name") == "n0"
+                if ours and json.loads(get(self.mon[0], "/jsz")[1]).get("meta_cluster", {}).get("leader"):
+                    return True
             except (OSError, ValueError):
                 pass
             if time.time() - t0 > 90:
                 raise SystemExit("the NATS cluster elected no meta leader within 90 s")
             time.sleep(0.2)
+
+    def stop_all(self):
+        for p in self.p:
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                p.wait()
 
     def conf(self, i):
         routes = ", ".join(f"nats-route://127.0.0.1:{r}" for r in self.routes)
