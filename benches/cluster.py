@@ -100,10 +100,9 @@ class NatsCluster:
             time.sleep(0.2)
 
     def stop_all(self):
-        for p in self.p:
+        for i, p in enumerate(self.p):
             if p is not None and p.poll() is None:
-                p.send_signal(signal.SIGKILL)
-                p.wait()
+                self.kill(i)
 
     def conf(self, i):
         routes = ", ".join(f"nats-route://127.0.0.1:{r}" for r in self.routes)

@@ -14,10 +14,11 @@
 //!   mode the first batch whose largest `ts` reaches `at + lateness`, in live mode the wall
 //!   instant `at + lateness`, provided a remembered fix shows the device fresh at the deadline
 //!   (checked when the fence has `stale_after`) and the first counting fix of the device after
-//!   the deadline did not go out after that input. Otherwise the DWELL may have been held back (the device STALE, or an EXIT run pending) and released by
-//!   a later fix that is not outside the fence, or by the run's expiry: which one, the tracker
-//!   cannot tell (it does not know where a fix lies), so such a DWELL is counted as unmatched
-//!   rather than measured from a guess. The same holds, for a fence with `exit_confirm > 1`,
+//!   the deadline did not go out after that input. Otherwise the DWELL may have been held back
+//!   (the device STALE, or an EXIT run pending) and released by a later fix that is not outside
+//!   the fence, or by the run's expiry: which one, the tracker cannot tell (it does not know
+//!   where a fix lies), so such a DWELL is counted as unmatched rather than measured from a
+//!   guess. The same holds, for a fence with `exit_confirm > 1`,
 //!   when the device's latest counting fix at or before the deadline (none remembered: unmatched)
 //!   may have started an EXIT run and a later batch than the deadline's moved the watermark past
 //!   that run's expiry (`confirm_within` after the fix) before the DWELL arrived: the deadline
@@ -289,14 +290,16 @@ impl Tracker {
     ) -> Option<u64> {
         let facts = self.fences.get(fence).copied();
         let dev = self.device_of(device)?;
+        // Fixes less accurate than the fence's filter neither count towards a run nor break or
+        // extend one (section 5.10).
+        let max_acc = facts.and_then(|f| f.max_accuracy_m);
+        let counts = |a: f32| max_acc.is_none_or(|m| a as f64 <= m);
         match kind {
             Kind::Enter | Kind::Exit => {
                 let k = facts.map_or(1, |f| match kind {
                     Kind::Enter => f.enter_confirm,
                     _ => f.exit_confirm,
                 }) as usize;
-                let max_acc = facts.and_then(|f| f.max_accuracy_m);
-                let counts = |a: f32| max_acc.is_none_or(|m| a as f64 <= m);
                 let recent = self.recent(dev);
                 let i = recent.iter().position(|&(ts, _, _)| ts == at)?;
                 // The k-th counting fix from `at` on completed the run.
@@ -319,10 +322,6 @@ impl Tracker {
                     }
                 }
                 let by_watermark = self.watermark_passes_us(at)?;
-                // Fixes less accurate than the fence's filter neither break nor extend a run
-                // (section 5.10).
-                let max_acc = facts.and_then(|f| f.max_accuracy_m);
-                let counts = |a: f32| max_acc.is_none_or(|m| a as f64 <= m);
                 // The first counting fix of the device after the deadline, sent after the
                 // watermark passed it: a pending EXIT run (docs/semantics.md section 5.13) may
                 // have held the DWELL until that fix or a later one decided the run. Which one
@@ -512,16 +511,21 @@ mod tests {
         );
     }
 
-    #[test]
-    fn dwell_after_a_possible_exit_run_expiry_is_unmatched() {
-        let gap = || std::thread::sleep(std::time::Duration::from_millis(2));
-        let t = Tracker::new(
+    /// One device "d0" on an event clock with lateness 0, fence "f" with `exit_confirm`.
+    fn one_device(exit_confirm: u8) -> Tracker {
+        Tracker::new(
             1,
             0,
             WatermarkModel::Event { lateness_ms: 0 },
-            facts(1, 2),
+            facts(1, exit_confirm),
             "d".into(),
-        );
+        )
+    }
+
+    #[test]
+    fn dwell_after_a_possible_exit_run_expiry_is_unmatched() {
+        let gap = || std::thread::sleep(std::time::Duration::from_millis(2));
+        let t = one_device(2);
         // The device's last counting fix is 1 s before the deadline, then it goes quiet. If
         // that fix was outside, the EXIT run it started expires at 318_000 (confirm_within 5
         // min) and holds the DWELL of 19_000 until then; an inaccurate fix after it neither
@@ -545,13 +549,7 @@ mod tests {
         assert_eq!(t.cause_us(Kind::Dwell, "d0", "f", 19_000, e), None);
         // One batch moving the watermark past both the deadline and the expiry is the cause
         // either way.
-        let t2 = Tracker::new(
-            1,
-            0,
-            WatermarkModel::Event { lateness_ms: 0 },
-            facts(1, 2),
-            "d".into(),
-        );
+        let t2 = one_device(2);
         t2.note_fix(0, 18_000, 0, 5.0);
         t2.note_send(0, 18_000);
         gap();
@@ -562,13 +560,7 @@ mod tests {
         );
         // An inaccurate fix after the deadline in the deadline's batch neither breaks nor
         // extends a run; the counting fix after it, sent later, may have released the DWELL.
-        let t3 = Tracker::new(
-            1,
-            0,
-            WatermarkModel::Event { lateness_ms: 0 },
-            facts(1, 2),
-            "d".into(),
-        );
+        let t3 = one_device(2);
         t3.note_fix(0, 18_000, 0, 5.0);
         t3.note_send(0, 18_000);
         t3.note_fix(0, 19_100, 1, 90.0);
@@ -584,13 +576,7 @@ mod tests {
         t3.note_send(2, 20_500);
         assert_eq!(t3.cause_us(Kind::Dwell, "d0", "f", 19_000, u64::MAX), None);
         // With exit_confirm 1 an outside fix exits at once: no run can hold the DWELL.
-        let t1 = Tracker::new(
-            1,
-            0,
-            WatermarkModel::Event { lateness_ms: 0 },
-            facts(1, 1),
-            "d".into(),
-        );
+        let t1 = one_device(1);
         t1.note_fix(0, 18_000, 0, 5.0);
         t1.note_send(0, 18_000);
         gap();
