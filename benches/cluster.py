@@ -35,12 +35,34 @@ PARTITIONS = "16" if QUICK else "64"
 procs = []
 
 
+def _port_range():
+    # Below the kernel's ephemeral range: an outgoing connection's source port (a route dialling
+    # out) can never take a port chosen here between its release and the server's bind.
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            start = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        start = 32768
+    return 10000, max(start, 12000)
+
+
+_LO, _HI = _port_range()
+_next = [_LO + os.getpid() % (_HI - _LO)]
+
+
 def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+    for _ in range(_HI - _LO):
+        p = _LO + (_next[0] - _LO) % (_HI - _LO)
+        _next[0] = p + 1
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", p))
+            return p
+        except OSError:
+            continue
+        finally:
+            s.close()
+    raise RuntimeError(f"no free loopback port in {_LO}..{_HI}")
 
 
 def get(port, path, timeout=5):

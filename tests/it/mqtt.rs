@@ -115,11 +115,7 @@ struct Broker {
 impl Broker {
     fn start() -> Broker {
         let dir = temp_dir();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = crate::common::free_port();
         // Mosquitto started as root drops to its own user: it must be able to write its
         // persistence file here, or sessions would not survive the restart.
         use std::os::unix::fs::PermissionsExt;

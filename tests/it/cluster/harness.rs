@@ -3,7 +3,6 @@
 //! real binary, each killed and reaped when dropped.
 
 use std::io::Write;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -11,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tempfile::TempDir;
 
-use crate::common::{BIN, Proc, listening_addr, temp_dir};
+use crate::common::{BIN, Proc, free_port, listening_addr, temp_dir};
 
 /// The `nats-server` binary: `TEST_NATS_SERVER`, else the first on `PATH` or in
 /// `/usr/sbin` or `/usr/bin`. The cluster tests fail, saying so, when there is none.
@@ -37,15 +36,6 @@ pub fn nats_bin() -> String {
     );
 }
 
-/// A free loopback port (bound, then released).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// One NATS server of the test cluster.
 struct NatsNode {
     client: u16,
@@ -54,6 +44,15 @@ struct NatsNode {
     log: PathBuf,
     proc: Option<Proc>,
 }
+
+/// Why a NATS cluster did not come up.
+enum NotUp {
+    /// A server exited: worth starting again on fresh ports.
+    Exited(String),
+    /// The servers run but JetStream found no leader in time.
+    NotReady(String),
+}
+use NotUp::{Exited, NotReady};
 
 /// A 3-node (or 1-node) NATS JetStream cluster on loopback.
 pub struct NatsCluster {
@@ -64,7 +63,24 @@ pub struct NatsCluster {
 
 impl NatsCluster {
     /// Starts `n` servers clustered with each other and waits until JetStream has a leader.
+    ///
+    /// A server that exits at start (its port taken by another listener between choosing and
+    /// binding it) makes the whole cluster start again on fresh ports, up to 3 times.
     pub async fn start(n: usize) -> NatsCluster {
+        let mut last = String::new();
+        for _ in 0..3 {
+            let mut c = NatsCluster::spawn_all(n);
+            match c.ready_within(Duration::from_secs(60)).await {
+                Ok(()) => return c,
+                Err(Exited(why)) => last = why,
+                Err(NotReady(why)) => panic!("{why}"),
+            }
+        }
+        panic!("the NATS cluster did not start in 3 attempts; last: {last}");
+    }
+
+    /// Writes the configurations of `n` servers on fresh ports and starts them.
+    fn spawn_all(n: usize) -> NatsCluster {
         let dir = temp_dir();
         let bin = nats_bin();
         let ports: Vec<(u16, u16, u16)> = (0..n)
@@ -108,7 +124,6 @@ impl NatsCluster {
         for i in 0..n {
             c.spawn(i);
         }
-        c.wait_ready(Duration::from_secs(60)).await;
         c
     }
 
@@ -142,19 +157,34 @@ impl NatsCluster {
     /// Starts server `i` again on its ports and store.
     pub async fn restart(&mut self, i: usize) {
         self.spawn(i);
-        self.wait_ready(Duration::from_secs(60)).await;
+        if let Err(Exited(why) | NotReady(why)) = self.ready_within(Duration::from_secs(60)).await {
+            panic!("{why}");
+        }
     }
 
-    /// Waits until every running server answers its health check (JetStream included).
-    pub async fn wait_ready(&self, within: Duration) {
+    /// Waits until every running server answers its health check (JetStream included); fails
+    /// at once when one of them has exited.
+    async fn ready_within(&mut self, within: Duration) -> Result<(), NotUp> {
         let http = reqwest::Client::new();
         let t0 = Instant::now();
         'outer: loop {
-            assert!(
-                t0.elapsed() < within,
-                "NATS cluster not healthy within {within:?}; logs:\n{}",
-                self.logs()
-            );
+            let exited = self.nodes.iter_mut().enumerate().find_map(|(i, n)| {
+                let status = n.proc.as_mut()?.try_wait().ok()??;
+                n.proc = None;
+                Some((i, status))
+            });
+            if let Some((i, status)) = exited {
+                return Err(Exited(format!(
+                    "nats-server n{i} exited ({status}); logs:\n{}",
+                    self.logs()
+                )));
+            }
+            if t0.elapsed() >= within {
+                return Err(NotReady(format!(
+                    "NATS cluster not healthy within {within:?}; logs:\n{}",
+                    self.logs()
+                )));
+            }
             for n in self.nodes.iter().filter(|n| n.proc.is_some()) {
                 let ok = http
                     .get(format!("http://127.0.0.1:{}/healthz", n.monitor))
@@ -181,7 +211,7 @@ impl NatsCluster {
                     continue 'outer;
                 }
             }
-            return;
+            return Ok(());
         }
     }
 
