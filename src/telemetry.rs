@@ -140,6 +140,8 @@ pub const WEBHOOK_DROPPED: &str = "geodwell_webhook_dropped_total";
 pub const WEBHOOK_LAG_EVENTS: &str = "geodwell_webhook_lag_events";
 /// Duration of one webhook attempt, seconds, by `sink`.
 pub const WEBHOOK_DELIVERY_SECONDS: &str = "geodwell_webhook_delivery_duration_seconds";
+/// Subjects a NATS sink's connection remembers as in a stream or not, by `sink`.
+pub const WEBHOOK_SUBJECT_CACHE: &str = "geodwell_webhook_subject_cache_entries";
 
 /// Partitions this cluster node owns.
 pub const CLUSTER_PARTITIONS_OWNED: &str = "geodwell_cluster_partitions_owned";
@@ -582,6 +584,10 @@ fn describe() {
         WEBHOOK_DELIVERY_SECONDS,
         Unit::Seconds,
         "Duration of one webhook attempt, by sink."
+    );
+    describe_gauge!(
+        WEBHOOK_SUBJECT_CACHE,
+        "Subjects a NATS sink's connection remembers as held by a JetStream stream or not (bounded: 1,024, each trusted 30 s), by sink."
     );
     describe_cluster();
 }

@@ -16,11 +16,13 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use metrics::gauge;
 use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS, Transport};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::outbound::{TargetPolicy, mqtt_tls};
+use crate::telemetry as t;
 use crate::webhooks::deliver::Attempt;
 use crate::webhooks::spec::{SinkKind, SinkSpec, destination_template, fill_template};
 use crate::wire::trackers::percent_decode;
@@ -68,7 +70,26 @@ enum MqttNote {
 struct NatsConn {
     client: async_nats::Client,
     js: async_nats::jetstream::Context,
+    /// Subject -> (a stream holds it, when that was looked up); at most [`SUBJECT_CACHE`]
+    /// entries, shown as `geodwell_webhook_subject_cache_entries{sink}`.
     in_stream: HashMap<String, (bool, Instant)>,
+    /// The sink's id, the gauge's label.
+    sink: String,
+}
+
+impl NatsConn {
+    fn show_cache(&self) {
+        gauge!(t::WEBHOOK_SUBJECT_CACHE, "sink" => self.sink.clone())
+            .set(self.in_stream.len() as f64);
+    }
+}
+
+impl Drop for NatsConn {
+    fn drop(&mut self) {
+        // The connection goes (a failure, a reload, a stop), and its lookups with it.
+        self.in_stream.clear();
+        self.show_cache();
+    }
 }
 
 /// The parts of an event a template uses.
@@ -213,6 +234,7 @@ async fn connect(
                 client,
                 js,
                 in_stream: HashMap::new(),
+                sink: sink_id.to_string(),
             })))
         }
     }
@@ -266,6 +288,7 @@ async fn nats_publish(
                 n.in_stream.clear();
             }
             n.in_stream.insert(subject.to_string(), (b, now));
+            n.show_cache();
             b
         }
     };

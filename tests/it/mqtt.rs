@@ -426,6 +426,37 @@ async fn events_reach_an_mqtt_topic_a_nats_stream_and_a_nats_subject() {
         assert_eq!(m.subject.as_str(), format!("gdcore.{run}.{dev}"));
         enters.push(v["id"].as_str().unwrap().to_string());
     }
+    // Each NATS sink remembers the stream lookup of every subject it published to: the JetStream
+    // sink two (ENTER and EXIT of one fence), the core sink one per device. Deleting a sink
+    // closes its connection, and its lookups go with it.
+    let cache = |m: &str, sink: &str| {
+        metric(
+            m,
+            &format!("geodwell_webhook_subject_cache_entries{{sink=\"{sink}\"}}"),
+        )
+    };
+    let m = srv.metrics().await;
+    assert_eq!(cache(&m, "js"), 2.0, "{m}");
+    assert_eq!(cache(&m, "core"), 10.0, "{m}");
+    let r = srv
+        .http
+        .delete(srv.url("/v1/webhooks/core"))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let m = srv.metrics().await;
+        if cache(&m, "core") == 0.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "core sink's subject cache after delete:\n{m}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let (_, st) = srv.get("/v1/webhooks/js").await;
     assert_eq!(st["status"]["dead_lettered"], 0, "{st}");
     assert_eq!(
