@@ -36,18 +36,24 @@ procs = []
 
 
 def _port_range():
-    # Below the kernel's ephemeral range: an outgoing connection's source port (a route dialling
-    # out) can never take a port chosen here between its release and the server's bind.
+    # Outside the kernel's ephemeral range: an outgoing connection's source port (a route
+    # dialling out) can never take a port chosen here between its release and the server's bind.
+    # Below the range, or above it when below leaves fewer than 2,000 ports.
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            start = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        start = 32768
-    return 10000, max(start, 12000)
+            start, end = (int(p) for p in f.read().split()[:2])
+    except (OSError, ValueError):
+        start, end = 32768, 60999
+    if start >= 12000:
+        return 10000, start
+    if end <= 63535:
+        return end + 1, 65535
+    return 10000, 12000
 
 
 _LO, _HI = _port_range()
-_next = [_LO + os.getpid() % (_HI - _LO)]
+# Processes started together have close pids: spread their starting points.
+_next = [_LO + os.getpid() * 40503 % (_HI - _LO)]
 
 
 def free_port():

@@ -90,12 +90,15 @@ impl NatsCluster {
             .iter()
             .map(|(_, r, _)| format!("\"nats-route://127.0.0.1:{r}\""))
             .collect();
+        // One name per cluster: a route dialling another test process's route port is refused
+        // instead of joining the two clusters.
+        let name = format!("gdtest_{}_{}", std::process::id(), ports[0].0);
         let mut nodes = Vec::new();
         for (i, (client, route, monitor)) in ports.iter().enumerate() {
             let store = dir.path().join(format!("n{i}"));
             let cluster = if n > 1 {
                 format!(
-                    "cluster {{\n  name: gdtest\n  listen: 127.0.0.1:{route}\n  routes: [{}]\n}}\n",
+                    "cluster {{\n  name: {name}\n  listen: 127.0.0.1:{route}\n  routes: [{}]\n}}\n",
                     routes.join(", ")
                 )
             } else {

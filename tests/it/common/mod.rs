@@ -561,19 +561,21 @@ pub async fn all_events(http: &reqwest::Client, base: &str) -> Vec<Value> {
 
 /// A free loopback port for a server the test starts: bound, then released.
 ///
-/// Taken from below the kernel's ephemeral range, never from port 0: an outgoing connection
+/// Taken from outside the kernel's ephemeral range, never from port 0: an outgoing connection
 /// (a NATS route dialling out, a client) draws its source port from the ephemeral range and can
 /// take a port handed out from there between its release and the server's bind, and then that
-/// server dies at start, or at its restart on the same port. Below the range only another
+/// server dies at start, or at its restart on the same port. Outside the range only another
 /// listener can take it, and the process-wide counter keeps this process's own tests from
 /// choosing a port twice.
 pub fn free_port() -> u16 {
     use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    let (lo, hi) = below_ephemeral_range();
+    let (lo, hi) = outside_ephemeral_range();
     let span = u32::from(hi - lo);
-    // Start somewhere different per process, so two test processes rarely probe the same ports.
-    let _ = NEXT.compare_exchange(0, std::process::id() % span + 1, SeqCst, SeqCst);
+    // Start somewhere different per process (pids started together are close: spread them), so
+    // that two test processes rarely probe the same ports.
+    let start = (u64::from(std::process::id()) * 40_503 % u64::from(span)) as u32 + 1;
+    let _ = NEXT.compare_exchange(0, start, SeqCst, SeqCst);
     for _ in 0..span {
         let n = NEXT.fetch_add(1, SeqCst);
         let port = lo + (n % span) as u16;
@@ -584,12 +586,28 @@ pub fn free_port() -> u16 {
     panic!("no free loopback port in {lo}..{hi}");
 }
 
-/// The port range the tests' servers use: from 10000 up to the start of the kernel's ephemeral
-/// range (`/proc/sys/net/ipv4/ip_local_port_range`, 32768 if it cannot be read).
-fn below_ephemeral_range() -> (u16, u16) {
-    let start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+/// The ports the tests' servers use, outside the kernel's ephemeral range
+/// (`/proc/sys/net/ipv4/ip_local_port_range`; 32768-60999 if it cannot be read): from 10000 up
+/// to its start, or, when that leaves fewer than 2,000 ports, from its end up; if neither side
+/// has 2,000, 10000-12000 (inside the range: the old risk, not a failure).
+fn outside_ephemeral_range() -> (u16, u16) {
+    let range: Vec<u16> = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32768);
-    (10_000, start.max(12_000))
+        .map(|s| {
+            s.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    let (start, end) = match range[..] {
+        [a, b] => (a, b),
+        _ => (32768, 60999),
+    };
+    if start >= 12_000 {
+        (10_000, start)
+    } else if end <= 63_535 {
+        (end + 1, 65_535)
+    } else {
+        (10_000, 12_000)
+    }
 }
