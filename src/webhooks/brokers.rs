@@ -78,17 +78,22 @@ struct NatsConn {
 }
 
 impl NatsConn {
-    fn show_cache(&self) {
-        gauge!(t::WEBHOOK_SUBJECT_CACHE, "sink" => self.sink.clone())
-            .set(self.in_stream.len() as f64);
+    /// Moves the sink's gauge by `delta` entries. Moved, not set: during a reload the sink's old
+    /// and new connections overlap, and each accounts only for its own entries.
+    fn count_cache(&self, delta: f64) {
+        gauge!(t::WEBHOOK_SUBJECT_CACHE, "sink" => self.sink.clone()).increment(delta);
+    }
+
+    fn clear_cache(&mut self) {
+        self.count_cache(-(self.in_stream.len() as f64));
+        self.in_stream.clear();
     }
 }
 
 impl Drop for NatsConn {
     fn drop(&mut self) {
         // The connection goes (a failure, a reload, a stop), and its lookups with it.
-        self.in_stream.clear();
-        self.show_cache();
+        self.clear_cache();
     }
 }
 
@@ -285,10 +290,11 @@ async fn nats_publish(
                 Err(e) => return Err(format!("looking up the stream of {subject}: {e}")),
             };
             if n.in_stream.len() >= SUBJECT_CACHE {
-                n.in_stream.clear();
+                n.clear_cache();
             }
-            n.in_stream.insert(subject.to_string(), (b, now));
-            n.show_cache();
+            if n.in_stream.insert(subject.to_string(), (b, now)).is_none() {
+                n.count_cache(1.0);
+            }
             b
         }
     };
