@@ -678,9 +678,13 @@ fn part_warm(args: &Args, cores: usize) -> (Value, bool) {
         live_bytes as f64 / 1e6
     );
     let mut rows = Vec::new();
-    // The whole page cache dropped (root only): the binary, the journal and every other file
-    // are read from disk again too, which the per-file variant below leaves cached.
-    if drop_all_caches() {
+    // The whole page cache dropped (root only): the journal and every other file are read from
+    // disk again too, which the per-file variant below leaves cached.
+    if !drop_all_caches() {
+        eprintln!(
+            "whole page cache not dropped (needs root and a writable /proc/sys): row left out"
+        );
+    } else {
         rows.push(warm_start(
             &dir.0,
             &cfg,
