@@ -680,17 +680,17 @@ fn part_warm(args: &Args, cores: usize) -> (Value, bool) {
     let mut rows = Vec::new();
     // The whole page cache dropped (root only): the journal and every other file are read from
     // disk again too, which the per-file variant below leaves cached.
-    if !drop_all_caches() {
-        eprintln!(
-            "whole page cache not dropped (needs root and a writable /proc/sys): row left out"
-        );
-    } else {
+    if drop_all_caches() {
         rows.push(warm_start(
             &dir.0,
             &cfg,
             "whole page cache dropped (drop_caches)",
             false,
         ));
+    } else {
+        eprintln!(
+            "whole page cache not dropped (needs root and a writable /proc/sys): row left out"
+        );
     }
     let cold_ok = drop_page_cache(&file) && drop_page_cache(&live);
     rows.push(warm_start(

@@ -149,12 +149,7 @@ async fn list_post_collection_and_delete() {
     assert_eq!(ids(&list), vec!["a", "b", "c", "d"]);
     assert_eq!(list["features"][2]["properties"]["dwell"], json!(["5m"]));
     // DELETE: 204 without a body, then 404 on GET and on a second DELETE.
-    let r = srv
-        .http
-        .delete(srv.url("/v1/fences/c"))
-        .send()
-        .await
-        .unwrap();
+    let r = srv.delete("/v1/fences/c").await;
     assert_eq!(r.status().as_u16(), 204);
     assert!(r.bytes().await.unwrap().is_empty());
     let (s, e) = srv.get("/v1/fences/c").await;

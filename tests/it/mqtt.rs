@@ -449,12 +449,7 @@ async fn events_reach_an_mqtt_topic_a_nats_stream_and_a_nats_subject() {
             assert!((1.0..=subjects).contains(&cache(&m, sink)), "{m}");
         }
     }
-    let r = srv
-        .http
-        .delete(srv.url("/v1/webhooks/core"))
-        .send()
-        .await
-        .unwrap();
+    let r = srv.delete("/v1/webhooks/core").await;
     assert!(r.status().is_success(), "{}", r.status());
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {

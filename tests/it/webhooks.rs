@@ -422,12 +422,7 @@ async fn dead_letters_after_max_attempts_while_other_sinks_keep_receiving() {
     assert!(metrics.contains("geodwell_webhook_retries_total{sink=\"bad\"} 8"));
 
     // A config sink cannot be deleted over the API.
-    let r = srv
-        .http
-        .delete(srv.url("/v1/webhooks/good"))
-        .send()
-        .await
-        .unwrap();
+    let r = srv.delete("/v1/webhooks/good").await;
     assert_eq!(r.status().as_u16(), 409);
 
     // The receiver recovers; a retry delivers every dead letter and empties the list.

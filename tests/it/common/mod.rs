@@ -152,6 +152,11 @@ impl Srv {
         (status, r.json().await.unwrap_or(Value::Null))
     }
 
+    /// DELETE `path`; the response as it came.
+    pub async fn delete(&self, path: &str) -> reqwest::Response {
+        self.http.delete(self.url(path)).send().await.unwrap()
+    }
+
     pub async fn get(&self, path: &str) -> (u16, Value) {
         let r = self.http.get(self.url(path)).send().await.unwrap();
         let status = r.status().as_u16();
