@@ -28,6 +28,12 @@
 //!    `/metrics`) and CPU use: cores used by this process and by every other process on the
 //!    machine (from `/proc`), since other work on the shared cores skews every figure.
 //!
+//! 3. **Checkpoint writes** (`--only checkpoint`): a checkpoint file holding the devices of
+//!    `--pairs / 10` and of `--pairs` live pairs, then rounds that write every device again
+//!    (each with a new `last_applied`) in a shuffled order, in chunks of 2,048 as the shards
+//!    hand them out, with the writer's sort buffer (`SORT_BUFFER_BYTES`) and without it (each
+//!    record written as it comes), alternated. Reports each round's wall and CPU time.
+//!
 //! Prints markdown tables and writes `target/bench/durability.json`. See
 //! `docs/bench-durability.md`.
 
@@ -40,7 +46,7 @@ use std::time::{Duration, Instant};
 use axum::body::Bytes;
 use geodwell::config::Config;
 use geodwell::shard::shard_of;
-use geodwell::store::checkpoint::CHECKPOINT_FILE;
+use geodwell::store::checkpoint::{CHECKPOINT_FILE, CheckpointStore, SORT_BUFFER_BYTES};
 use geodwell::store::input::encode_fixes;
 use geodwell::store::{Batch, CheckpointMeta, FILE_NAME, Flush, Store};
 use geodwell_core::engine::{DeviceState, Engine, EngineConfig, Restored};
@@ -1165,6 +1171,79 @@ fn part_ingest(args: &Args, cores: usize) -> (Value, bool) {
     (j, ok)
 }
 
+/// Part 3: one checkpoint round of every device, written sorted (the writer's default) and as
+/// the records come, side by side.
+fn part_checkpoint(args: &Args) -> Value {
+    const CHUNK: usize = 2_048;
+    let cfg = load_config("", 2);
+    let mut rows = Vec::new();
+    println!("\n## Checkpoint writes: every device again, in a shuffled order\n");
+    println!("| devices | writer | round | wall ms | CPU ms | µs per device | file MiB |");
+    println!("| ---: | --- | ---: | ---: | ---: | ---: | ---: |");
+    let mut sizes = vec![(args.pairs / 10).max(1_000), args.pairs];
+    sizes.dedup();
+    for pairs in sizes {
+        let b = build_state(pairs, &cfg);
+        let mut devices = b.devices;
+        let n = devices.len();
+        let dir = TempDir::new("ck-bench");
+        std::fs::create_dir_all(&dir.0).expect("bench dir");
+        let ck = CheckpointStore::open(&dir.0).expect("checkpoint file");
+        let meta = |round| CheckpointMeta {
+            round,
+            shards: 2,
+            ..CheckpointMeta::default()
+        };
+        let mut w = ck.writer().expect("writer");
+        w.devices(&devices).expect("devices");
+        w.commit(&meta(1)).expect("commit");
+        let mut rng = Rng::new(0x5EED_C4EC);
+        let mut sums: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
+        for round in 0..2 * args.rounds.max(2) {
+            let (name, sort) = if round % 2 == 0 {
+                ("sorted", SORT_BUFFER_BYTES)
+            } else {
+                ("as they come", 0)
+            };
+            for i in (1..n).rev() {
+                devices.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+            for d in &mut devices {
+                d.last_applied = d.last_applied.map(|t| t + 1_000);
+            }
+            let (t, cpu) = (Instant::now(), cpu_secs());
+            let mut w = ck.writer().expect("writer").with_sort_buffer(sort);
+            for chunk in devices.chunks(CHUNK) {
+                w.devices(chunk).expect("devices");
+            }
+            w.commit(&meta(round as u64 + 2)).expect("commit");
+            let (wall, cpu) = (t.elapsed().as_secs_f64(), cpu_secs() - cpu);
+            let mib = std::fs::metadata(ck.path()).map_or(0.0, |m| m.len() as f64 / 1048576.0);
+            println!(
+                "| {n} | {name} | {} | {} | {} | {:.2} | {mib:.0} |",
+                round + 1,
+                ms(wall),
+                ms(cpu),
+                wall * 1e6 / n as f64
+            );
+            sums.entry(name).or_default().push(wall);
+            rows.push(json!({"devices": n, "writer": name, "round": round + 1, "wall_s": wall, "cpu_s": cpu, "file_mib": mib}));
+        }
+        let med = |v: &Vec<f64>| {
+            let mut v = v.clone();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        if let (Some(a), Some(b)) = (sums.get("sorted"), sums.get("as they come")) {
+            println!(
+                "| {n} | sorted / as they come (median wall) | | {:.2}x | | | |",
+                med(a) / med(b)
+            );
+        }
+    }
+    json!(rows)
+}
+
 fn main() {
     let args = parse_args();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -1177,6 +1256,9 @@ fn main() {
         let (j, good) = part_warm(&args, cores);
         out["warm_start"] = j;
         ok &= good;
+    }
+    if want("checkpoint") {
+        out["checkpoint"] = part_checkpoint(&args);
     }
     if want("ingest") {
         let (j, good) = part_ingest(&args, cores);

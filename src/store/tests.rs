@@ -789,3 +789,62 @@ fn a_version_2_store_is_refused_and_migrated_on_request() {
     let s = Store::open(dir.path()).unwrap();
     assert_eq!(s.load(0).unwrap().inputs, vec![(0, 1, vec![1])]);
 }
+
+/// The writer holds records and writes them sorted by id; of two records of one id the later
+/// wins, and a removal after a put removes, whether both fall in one sorted batch or in two
+/// (a buffer of 0 bytes writes each record as it comes; 200 bytes flushes every few records).
+#[test]
+fn checkpoint_writes_sorted_keep_the_order_of_records_of_one_id() {
+    for sort_bytes in [0, 200, super::checkpoint::SORT_BUFFER_BYTES] {
+        let dir = TempDir::new("ck-sorted");
+        let s = Store::open(dir.path()).unwrap();
+        let mut w = s
+            .checkpoints()
+            .writer()
+            .unwrap()
+            .with_sort_buffer(sort_bytes);
+        // Ids in descending order, so that sorting changes the order of writes.
+        let first: Vec<DeviceState> = (0..50)
+            .rev()
+            .map(|i| device(&format!("d{i:02}"), 1_000))
+            .collect();
+        w.devices(&first).unwrap();
+        // d10 again (later wins), d20 removed, d30 removed and put back, d60 new then removed.
+        w.devices(&[
+            device("d10", 2_000),
+            DeviceState::blank("d20"),
+            device("d60", 3_000),
+            DeviceState::blank("d30"),
+        ])
+        .unwrap();
+        w.devices(&[device("d30", 4_000), DeviceState::blank("d60")])
+            .unwrap();
+        assert_eq!(w.devices, 56);
+        w.commit(&CheckpointMeta {
+            round: 1,
+            shards: 1,
+            fence_change: 0,
+            event_floor: u64::MAX,
+            positions: vec![(0, None)],
+        })
+        .unwrap();
+        let ck = s.checkpoints().load().unwrap();
+        let got: Vec<(String, Option<i64>)> = ck
+            .devices
+            .iter()
+            .map(|d| (d.id.clone(), d.decode().unwrap().last_applied))
+            .collect();
+        let want: Vec<(String, Option<i64>)> = (0..50)
+            .filter(|&i| i != 20)
+            .map(|i| {
+                let t = match i {
+                    10 => 2_000,
+                    30 => 4_000,
+                    _ => 1_000,
+                };
+                (format!("d{i:02}"), Some(t))
+            })
+            .collect();
+        assert_eq!(got, want, "sort buffer {sort_bytes}");
+    }
+}
