@@ -220,6 +220,10 @@ async fn run(
                     if done {
                         ctx.checkpoint = None;
                     }
+                    // Let the tasks sharing this worker thread run between chunks: a writer
+                    // with room takes chunk after chunk, and the budget tokio would make this
+                    // task yield by covers a whole checkpoint of 100,000 devices.
+                    tokio::task::yield_now().await;
                 }
             }
         }
