@@ -405,6 +405,9 @@ async fn run_inner(
                         )));
                     }
                 }
+                // This branch is always ready: without a yield the task would hand out a whole
+                // round before the tasks sharing its worker thread (HTTP ingest) could run.
+                tokio::task::yield_now().await;
             }
             _ = housekeeping.tick() => {
                 if let Some(w) = part.writing.as_ref()
