@@ -393,9 +393,8 @@ impl CheckpointWriter<'_> {
         let pending = &self.pending.0;
         self.starts
             .sort_by(|&a, &b| pending_at(pending, a).0.cmp(pending_at(pending, b).0));
-        let err = |e: redb::Error| db_err(&self.store.path, "write checkpoint", e);
         {
-            let mut t = self.txn.open_table(DEVICES).map_err(|e| err(e.into()))?;
+            let mut t = self.txn.open_table(DEVICES).map_err(|e| self.err(e))?;
             for &at in &self.starts {
                 let (id, rec) = pending_at(pending, at);
                 // Ids came in as `String`s, so they are UTF-8.
@@ -404,7 +403,7 @@ impl CheckpointWriter<'_> {
                     Some(rec) => t.insert(id, rec).map(drop),
                     None => t.remove(id).map(drop),
                 }
-                .map_err(|e| err(e.into()))?;
+                .map_err(|e| self.err(e))?;
             }
         }
         self.pending.0.clear();

@@ -116,15 +116,19 @@ fn checkpoint(s: &Store, devices: &[DeviceState], fences: &[(String, String)]) {
         .map(|(id, t)| (id.clone(), Some(t.clone())))
         .collect();
     w.fences(&f).unwrap();
-    w.commit(&CheckpointMeta {
+    w.commit(&first_checkpoint_meta()).unwrap();
+}
+
+/// The meta of a first checkpoint of one shard with no input log before it.
+fn first_checkpoint_meta() -> CheckpointMeta {
+    CheckpointMeta {
         round: 1,
         shards: 1,
         fence_change: 0,
         // No event is one a replay could produce again: only the tail is loaded.
         event_floor: u64::MAX,
         positions: vec![(0, None)],
-    })
-    .unwrap();
+    }
 }
 
 #[test]
@@ -820,14 +824,7 @@ fn checkpoint_writes_sorted_keep_the_order_of_records_of_one_id() {
         w.devices(&[device("d30", 4_000), DeviceState::blank("d60")])
             .unwrap();
         assert_eq!(w.devices, 56);
-        w.commit(&CheckpointMeta {
-            round: 1,
-            shards: 1,
-            fence_change: 0,
-            event_floor: u64::MAX,
-            positions: vec![(0, None)],
-        })
-        .unwrap();
+        w.commit(&first_checkpoint_meta()).unwrap();
         let ck = s.checkpoints().load().unwrap();
         let got: Vec<(String, Option<i64>)> = ck
             .devices
