@@ -116,6 +116,8 @@ pub const STORE_CHECKPOINT_DEVICES: &str = "geodwell_store_checkpoint_devices";
 pub const STORE_CHECKPOINT_BYTES: &str = "geodwell_store_checkpoint_bytes";
 /// Seconds since the last checkpoint committed.
 pub const STORE_CHECKPOINT_AGE_SECONDS: &str = "geodwell_store_checkpoint_age_seconds";
+/// Memory held by the checkpoint writer's sort buffer, bytes (0 between rounds).
+pub const STORE_CHECKPOINT_SORT_BUFFER_BYTES: &str = "geodwell_store_checkpoint_sort_buffer_bytes";
 /// Failed state store commits (data kept and retried).
 pub const STORE_COMMIT_FAILURES: &str = "geodwell_store_commit_failures_total";
 /// Bytes of the store's journal on disk.
@@ -350,6 +352,7 @@ pub fn install() -> PrometheusHandle {
                 STORE_CHECKPOINT_DEVICES,
                 STORE_CHECKPOINT_BYTES,
                 STORE_CHECKPOINT_AGE_SECONDS,
+                STORE_CHECKPOINT_SORT_BUFFER_BYTES,
                 STORE_JOURNAL_BYTES,
                 STORE_APPLY_BACKLOG_BYTES,
             ] {
@@ -535,6 +538,11 @@ fn describe() {
         STORE_CHECKPOINT_AGE_SECONDS,
         Unit::Seconds,
         "Seconds since the last checkpoint committed (updated at each scrape)."
+    );
+    describe_gauge!(
+        STORE_CHECKPOINT_SORT_BUFFER_BYTES,
+        Unit::Bytes,
+        "Memory held by the checkpoint writer's sort buffer while a round is written (bounded: 8 MiB of records plus one, and 4 bytes per record held; 0 between rounds)."
     );
     describe_counter!(
         STORE_COMMIT_FAILURES,

@@ -177,10 +177,23 @@ const SORT_BUFFER_SLACK: usize = 64 << 10;
 /// growing `Vec` would double to 16 MiB), and its pages handed back to the kernel when the
 /// checkpoint ends: the allocator may keep a freed block this large in the thread's heap,
 /// resident, and the memory goal for `sync` is at most 1.2x the RSS of `none`.
-struct SortBuf(Vec<u8>);
+///
+/// The second field is what this buffer has added to `geodwell_store_checkpoint_sort_buffer_bytes`
+/// (its capacity and that of the writer's `starts`, see [`CheckpointWriter::count_memory`]); the
+/// drop takes it back, so the gauge is 0 between rounds.
+struct SortBuf(Vec<u8>, usize);
+
+impl SortBuf {
+    /// A buffer of `bytes` plus the slack for the record that crosses the bound.
+    fn with_bound(bytes: usize) -> SortBuf {
+        SortBuf(Vec::with_capacity(bytes + SORT_BUFFER_SLACK), 0)
+    }
+}
 
 impl Drop for SortBuf {
     fn drop(&mut self) {
+        metrics::gauge!(crate::telemetry::STORE_CHECKPOINT_SORT_BUFFER_BYTES)
+            .decrement(self.1 as f64);
         #[cfg(target_os = "linux")]
         {
             let page = 4096;
@@ -328,14 +341,16 @@ impl CheckpointStore {
             .db
             .begin_write()
             .map_err(|e| db_err(&self.path, "begin checkpoint", e))?;
-        Ok(CheckpointWriter {
+        let mut w = CheckpointWriter {
             store: self,
             txn,
-            pending: SortBuf(Vec::with_capacity(SORT_BUFFER_BYTES + SORT_BUFFER_SLACK)),
+            pending: SortBuf::with_bound(SORT_BUFFER_BYTES),
             starts: Vec::new(),
             sort_bytes: SORT_BUFFER_BYTES,
             devices: 0,
-        })
+        };
+        w.count_memory();
+        Ok(w)
     }
 }
 
@@ -370,7 +385,26 @@ impl CheckpointWriter<'_> {
             self.pending.0[len_at..len_at + 4].copy_from_slice(&len.to_le_bytes());
         }
         self.devices += devices.len() as u64;
+        self.count_memory();
         Ok(())
+    }
+
+    /// What this writer counts in `geodwell_store_checkpoint_sort_buffer_bytes` now.
+    #[cfg(test)]
+    pub(super) fn memory_counted(&self) -> usize {
+        self.pending.1
+    }
+
+    /// Brings `geodwell_store_checkpoint_sort_buffer_bytes` up to the buffer's memory now: its
+    /// capacity (allocated once, grown only by a record larger than the slack) and that of the
+    /// record offsets, which a round of small records (removals) makes the larger part.
+    fn count_memory(&mut self) {
+        let now = self.pending.0.capacity() + self.starts.capacity() * size_of::<u32>();
+        if now != self.pending.1 {
+            metrics::gauge!(crate::telemetry::STORE_CHECKPOINT_SORT_BUFFER_BYTES)
+                .increment(now as f64 - self.pending.1 as f64);
+            self.pending.1 = now;
+        }
     }
 
     /// Holds at most `bytes` of records before writing them sorted (0: each record is written
@@ -379,7 +413,8 @@ impl CheckpointWriter<'_> {
     pub fn with_sort_buffer(mut self, bytes: usize) -> Self {
         self.sort_bytes = bytes;
         if self.pending.0.is_empty() {
-            self.pending = SortBuf(Vec::with_capacity(bytes + SORT_BUFFER_SLACK));
+            self.pending = SortBuf::with_bound(bytes);
+            self.count_memory();
         }
         self
     }

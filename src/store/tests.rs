@@ -798,6 +798,29 @@ fn a_version_2_store_is_refused_and_migrated_on_request() {
 /// wins, and a removal after a put removes, whether both fall in one sorted batch or in two
 /// (a buffer of 0 bytes writes each record as it comes; 200 bytes flushes every few records).
 #[test]
+fn checkpoint_sort_buffer_counts_its_memory() {
+    let dir = TempDir::new("ck-memory");
+    let s = Store::open(dir.path()).unwrap();
+    let mut w = s.checkpoints().writer().unwrap();
+    let at_start = w.memory_counted();
+    assert!(
+        at_start > super::checkpoint::SORT_BUFFER_BYTES,
+        "the buffer is counted from its allocation: {at_start}"
+    );
+    // Removals are the smallest records: their 4-byte offsets are a large part of the memory.
+    let removals: Vec<DeviceState> = (0..10_000)
+        .map(|i| DeviceState::blank(&format!("gone-{i}")))
+        .collect();
+    w.devices(&removals).unwrap();
+    assert!(
+        w.memory_counted() >= at_start + 10_000 * 4,
+        "offsets counted: {} after {at_start}",
+        w.memory_counted()
+    );
+    w.commit(&first_checkpoint_meta()).unwrap();
+}
+
+#[test]
 fn checkpoint_writes_sorted_keep_the_order_of_records_of_one_id() {
     for sort_bytes in [0, 200, super::checkpoint::SORT_BUFFER_BYTES] {
         let dir = TempDir::new("ck-sorted");
