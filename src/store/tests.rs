@@ -794,9 +794,8 @@ fn a_version_2_store_is_refused_and_migrated_on_request() {
     assert_eq!(s.load(0).unwrap().inputs, vec![(0, 1, vec![1])]);
 }
 
-/// The writer holds records and writes them sorted by id; of two records of one id the later
-/// wins, and a removal after a put removes, whether both fall in one sorted batch or in two
-/// (a buffer of 0 bytes writes each record as it comes; 200 bytes flushes every few records).
+/// The sort buffer's memory is counted from its allocation, and its record offsets as records
+/// come in.
 #[test]
 fn checkpoint_sort_buffer_counts_its_memory() {
     let dir = TempDir::new("ck-memory");
@@ -820,6 +819,9 @@ fn checkpoint_sort_buffer_counts_its_memory() {
     w.commit(&first_checkpoint_meta()).unwrap();
 }
 
+/// The writer holds records and writes them sorted by id; of two records of one id the later
+/// wins, and a removal after a put removes, whether both fall in one sorted batch or in two
+/// (a buffer of 0 bytes writes each record as it comes; 200 bytes flushes every few records).
 #[test]
 fn checkpoint_writes_sorted_keep_the_order_of_records_of_one_id() {
     for sort_bytes in [0, 200, super::checkpoint::SORT_BUFFER_BYTES] {
