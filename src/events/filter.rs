@@ -2,20 +2,24 @@
 //!
 //! Semantics (the same for every channel): an event passes when its type is listed (or no type
 //! is), its fence id matches one of the fence globs (or there are none; `*` and `?` as in a
-//! shell), and its device is the one asked for (or none is). Polls and subscriptions may also
+//! shell, matched in linear time: [`geodwell_core::glob`]), and its device is the one asked for (or none is). Polls and subscriptions may also
 //! bound the event time `at`: `since` inclusive, `until` exclusive.
-
-use wildmatch::WildMatch;
 
 use crate::events::CompactEvent;
 use geodwell_core::event::EventKind;
+use geodwell_core::glob::Glob;
 use geodwell_core::time::Ts;
+
+/// The longest fence glob a filter takes, bytes: twice the longest fence id, so any id can be
+/// written with wildcards between its characters, and a match costs at most a few machine words
+/// per character of an id.
+pub const MAX_GLOB_BYTES: usize = 512;
 
 /// A filter over event type, fence id (globs), device id and event time.
 #[derive(Debug, Clone, Default)]
 pub struct EventFilter {
     types: Vec<EventKind>,
-    fences: Vec<WildMatch>,
+    fences: Vec<Glob>,
     device: Option<String>,
     since: Option<Ts>,
     until: Option<Ts>,
@@ -36,10 +40,7 @@ impl EventFilter {
     ) -> EventFilter {
         EventFilter {
             types,
-            fences: fence_globs
-                .iter()
-                .map(|g| WildMatch::new(g.as_ref()))
-                .collect(),
+            fences: fence_globs.iter().map(|g| Glob::new(g.as_ref())).collect(),
             device,
             since: None,
             until: None,

@@ -7,6 +7,7 @@
 //! - [`wheel`]: the hashed timer wheel.
 //! - [`fences`]: fence model, validation, R-tree index and exact geometric tests.
 //! - [`fix`]: location fixes and their validation.
+//! - [`glob`]: `*` / `?` patterns over ids, matched in linear time.
 //! - [`event`]: events and their deterministic ids.
 //! - [`pairs`]: the device-fence pair record and its state machine.
 //! - [`engine`]: reorder buffer, fix application, watermark advance, persistence of device
@@ -19,6 +20,7 @@ pub mod engine;
 pub mod event;
 pub mod fences;
 pub mod fix;
+pub mod glob;
 pub mod pairs;
 pub mod reference;
 pub mod time;

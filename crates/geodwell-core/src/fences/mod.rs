@@ -83,7 +83,7 @@ pub const MAX_DEVICE_PATTERNS: usize = 64;
 #[derive(Debug, Clone, Default)]
 pub struct DeviceScope {
     patterns: Arc<[String]>,
-    globs: Arc<[wildmatch::WildMatch]>,
+    globs: Arc<[crate::glob::Glob]>,
 }
 
 impl PartialEq for DeviceScope {
@@ -95,10 +95,7 @@ impl PartialEq for DeviceScope {
 impl DeviceScope {
     /// A scope of `patterns` (none: every device).
     pub fn new(patterns: Vec<String>) -> DeviceScope {
-        let globs = patterns
-            .iter()
-            .map(|p| wildmatch::WildMatch::new(p))
-            .collect();
+        let globs = patterns.iter().map(|p| crate::glob::Glob::new(p)).collect();
         DeviceScope {
             patterns: patterns.into(),
             globs,
