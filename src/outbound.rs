@@ -60,11 +60,18 @@ pub fn mqtt_tls() -> Result<rumqttc::TlsConfiguration, String> {
     Ok(rumqttc::TlsConfiguration::Rustls(Arc::new(config)))
 }
 
-/// `url` with its password (if any) shown as `***`: for answers and logs.
-pub fn redact_password(url: &str) -> String {
+/// `url` with its credentials shown as `***`: for answers and logs. Both the user name and the
+/// password are hidden: brokers such as ThingsBoard and flespi take a token as the user name
+/// (`nats://TOKEN@host`), so a user name is as secret as a password.
+pub fn redact_credentials(url: &str) -> String {
     match reqwest::Url::parse(url) {
-        Ok(mut u) if u.password().is_some() => {
-            let _ = u.set_password(Some("***"));
+        Ok(mut u) if !u.username().is_empty() || u.password().is_some() => {
+            if !u.username().is_empty() {
+                let _ = u.set_username("***");
+            }
+            if u.password().is_some() {
+                let _ = u.set_password(Some("***"));
+            }
             u.to_string()
         }
         _ => url.to_string(),
@@ -109,14 +116,18 @@ fn is_public_v4(ip: Ipv4Addr) -> bool {
 }
 
 fn is_public_v6(ip: Ipv6Addr) -> bool {
+    let s = ip.segments();
+    let embedded =
+        |hi: u16, lo: u16| Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8);
+    // Forms that carry an IPv4 address the packet ends up at are judged by it: mapped
+    // (::ffff:a.b.c.d), translated (::ffff:0:a.b.c.d, RFC 2765), compatible (::a.b.c.d), the
+    // well-known NAT64 prefix (64:ff9b::/96) and 6to4 (2002::/16).
     if let Some(v4) = ip.to_ipv4_mapped() {
         return is_public_v4(v4);
     }
-    let s = ip.segments();
-    // IPv4-compatible (::a.b.c.d), NAT64 (64:ff9b::/96) and 6to4 (2002::/16) carry an IPv4
-    // address that the packet ends up at.
-    let embedded =
-        |hi: u16, lo: u16| Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8);
+    if s[..6] == [0, 0, 0, 0, 0xffff, 0] {
+        return is_public_v4(embedded(s[6], s[7]));
+    }
     if s[..6] == [0, 0, 0, 0, 0, 0] && !ip.is_loopback() && !ip.is_unspecified() {
         return is_public_v4(embedded(s[6], s[7]));
     }
@@ -126,14 +137,15 @@ fn is_public_v6(ip: Ipv6Addr) -> bool {
     if s[0] == 0x2002 {
         return is_public_v4(embedded(s[1], s[2]));
     }
-    !(ip.is_unspecified()
-        || ip.is_loopback()
-        || ip.is_multicast()
-        || (s[0] & 0xfe00) == 0xfc00 // unique local
-        || (s[0] & 0xffc0) == 0xfe80 // link-local
-        || (s[0] & 0xffc0) == 0xfec0 // site-local (deprecated)
-        || (s[0] == 0x2001 && s[1] == 0x0db8) // documentation
-        || (s[0] == 0x0100 && s[1..4] == [0, 0, 0])) // discard-only
+    // Otherwise only global unicast (2000::/3) is public, less its special blocks: IETF
+    // protocol assignments (2001::/23: Teredo, benchmarking, ORCHID, ...), documentation
+    // (2001:db8::/32, 3fff::/20). Everything outside 2000::/3 (loopback, unique local,
+    // link-local, multicast, local-use NAT64 64:ff9b:1::/48, discard-only 100::/64, ...) is not.
+    let global_unicast = (s[0] & 0xe000) == 0x2000;
+    global_unicast
+        && !(s[0] == 0x2001 && s[1] < 0x0200)
+        && !(s[0] == 0x2001 && s[1] == 0x0db8)
+        && (s[0] & 0xfff0) != 0x3ff0
 }
 
 impl TargetPolicy {
@@ -281,6 +293,18 @@ mod tests {
             "fe80::1",
             "ff02::1",
             "2001:db8::1",
+            "::ffff:0:7f00:1",
+            "::ffff:0:a00:1",
+            "64:ff9b:1::7f00:1",
+            "64:ff9b:1::808:808",
+            "2001::1",
+            "2001:0:4136:e378:8000:63bf:3fff:fdd2",
+            "2001:2::1",
+            "2001:10::1",
+            "3fff::1",
+            "100::1",
+            "5f00::1",
+            "4000::1",
         ] {
             let ip: IpAddr = private.parse().unwrap();
             assert!(!is_public(ip), "{private} is not public");
@@ -292,6 +316,10 @@ mod tests {
             "::ffff:8.8.8.8",
             "2606:4700:4700::1111",
             "2a00:1450:4001::200e",
+            "::ffff:0:808:808",
+            "64:ff9b::808:808",
+            "2002:808:808::1",
+            "2001:4860:4860::8888",
         ] {
             let ip: IpAddr = public.parse().unwrap();
             assert!(is_public(ip), "{public} is public");

@@ -184,14 +184,16 @@ impl FenceRegistry {
         self.map.page(after, limit)
     }
 
-    /// Every fence containing (lon, lat), by the engine's test, sorted by id.
-    pub fn containing(&self, lon: f64, lat: f64) -> Vec<Stored> {
-        self.map.containing(lon, lat)
-    }
-
-    /// Every fence sharing a point with any of `windows`, sorted by id.
-    pub fn meeting(&self, windows: &[Rect]) -> Vec<Stored> {
-        self.map.meeting(windows)
+    /// One page of the fences meeting `windows` that pass `test`, in id order after `after`
+    /// ([`FenceMap::filtered_page`]: bounded work per page).
+    pub fn filtered_page(
+        &self,
+        windows: &[Rect],
+        after: Option<&str>,
+        limit: usize,
+        test: impl Fn(&Fence) -> bool,
+    ) -> crate::fences::map::FilteredPage {
+        self.map.filtered_page(windows, after, limit, test)
     }
 
     /// How many fences there are.
@@ -210,7 +212,10 @@ impl FenceRegistry {
         feature: &geojson::Feature,
         id: &str,
     ) -> Result<Fence, FenceWriteError> {
-        Fence::from_feature(feature, Some(id), &self.limits).map_err(FenceWriteError::Invalid)
+        let fence = Fence::from_feature(feature, Some(id), &self.limits)
+            .map_err(FenceWriteError::Invalid)?;
+        check_new_ids(std::slice::from_ref(&fence), false)?;
+        Ok(fence)
     }
 
     /// Validates a Feature or FeatureCollection (every problem reported at once).
@@ -222,6 +227,10 @@ impl FenceRegistry {
         if fences.is_empty() {
             return Err(FenceWriteError::Empty);
         }
+        check_new_ids(
+            &fences,
+            matches!(geojson, geojson::GeoJson::FeatureCollection(_)),
+        )?;
         Ok(fences)
     }
 
@@ -420,6 +429,32 @@ impl FenceRegistry {
 }
 
 /// Makes a fence change durable before it is applied or acknowledged.
+/// Holds new fence ids to what every sink can carry
+/// ([`geodwell_core::fix::uncarriable_char`]); fences already stored are not checked again.
+fn check_new_ids(fences: &[Fence], in_collection: bool) -> Result<(), FenceWriteError> {
+    use geodwell_core::fences::{FenceError, FenceErrorKind};
+    let errors: Vec<FenceError> = fences
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| geodwell_core::fix::uncarriable_char(&f.id).is_some())
+        .map(|(i, _)| FenceError {
+            path: if in_collection {
+                format!("features[{i}].id")
+            } else {
+                "id".into()
+            },
+            kind: FenceErrorKind::BadId(
+                "must not hold control characters or Unicode noncharacters (U+FFFE, U+FFFF, ...), which message brokers refuse in topics",
+            ),
+        })
+        .collect();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(FenceWriteError::Invalid(FenceErrors(errors)))
+    }
+}
+
 async fn persist(publisher: &Publisher, mut step: Step) -> Result<(), FenceWriteError> {
     let (tx, rx) = oneshot::channel();
     step.ack = Some(tx);

@@ -117,8 +117,11 @@ pub async fn send(
     event_id: &str,
     body: &str,
 ) -> Attempt {
-    let timeout = Duration::from_millis(spec.timeout.millis().max(1) as u64);
-    let res = tokio::time::timeout(timeout, send_inner(conn, policy, spec, event_id, body)).await;
+    let res = tokio::time::timeout(
+        timeout(spec),
+        send_inner(conn, policy, spec, event_id, body),
+    )
+    .await;
     let error = match res {
         Ok(Ok(())) => return Attempt::Delivered,
         Ok(Err(e)) => e,
@@ -149,7 +152,7 @@ async fn send_inner(
         parts.device,
     );
     if conn.inner.is_none() {
-        conn.inner = Some(connect(kind, &url, policy, &spec.id).await?);
+        conn.inner = Some(connect(kind, &url, policy, &spec.id, timeout(spec)).await?);
     }
     match conn.inner.as_mut() {
         Some(Open::Mqtt(m)) => mqtt_publish(m, &dest, body).await,
@@ -163,6 +166,7 @@ async fn connect(
     url: &reqwest::Url,
     policy: TargetPolicy,
     sink_id: &str,
+    timeout: Duration,
 ) -> Result<Open, String> {
     let host = url.host_str().unwrap_or_default();
     let tls = url.scheme() == "mqtts";
@@ -171,10 +175,12 @@ async fn connect(
         (SinkKind::Mqtt, true) => 8883,
         _ => 4222,
     });
-    let addr = policy
-        .resolve(host, port)
-        .await
-        .map_err(|e| e.to_string())?;
+    let addr = policy.resolve(host, port).await.map_err(|e| {
+        if matches!(e, crate::outbound::ResolveError::Refused(_)) {
+            metrics::counter!(t::OUTBOUND_REFUSED).increment(1);
+        }
+        e.to_string()
+    })?;
     let user = (!url.username().is_empty()).then(|| percent_decode(url.username(), false));
     let pass = url.password().map(|p| percent_decode(p, false));
     match kind {
@@ -220,19 +226,27 @@ async fn connect(
             }))
         }
         SinkKind::Nats | SinkKind::Http => {
+            // The client may connect only to the address checked above: servers a NATS server
+            // advertises (`connect_urls` in its INFO) are ignored, since they were never put to
+            // the target policy and would receive the sink's credentials. It makes one attempt
+            // now and at most one reconnect after a drop, then its connection task ends: the
+            // sink reconnects at its next attempt, and a dropped connection leaves nothing
+            // running (the client's background reconnect loop never checks whether anyone
+            // still holds the client).
             let mut opts = async_nats::ConnectOptions::new()
                 .name(format!("geodwell sink {sink_id}"))
-                .retry_on_initial_connect();
+                .ignore_discovered_servers()
+                .max_reconnects(1)
+                .connection_timeout(timeout);
             if let Some(u) = user {
                 opts = opts.user_and_password(u, pass.unwrap_or_default());
             }
-            // Connect once (a bounded wait) so that a wrong address fails the attempt.
             let client = tokio::time::timeout(
-                Duration::from_secs(5),
+                timeout,
                 async_nats::ConnectOptions::connect(opts, format!("nats://{addr}")),
             )
             .await
-            .map_err(|_| format!("cannot connect to nats://{addr} within 5s"))?
+            .map_err(|_| format!("cannot connect to nats://{addr} within {timeout:?}"))?
             .map_err(|e| format!("cannot connect to nats://{addr}: {e}"))?;
             let js = async_nats::jetstream::new(client.clone());
             Ok(Open::Nats(Box::new(NatsConn {
@@ -318,6 +332,11 @@ async fn nats_publish(
             .map_err(|e| format!("NATS flush: {e}"))?;
     }
     Ok(())
+}
+
+/// The sink's per-attempt timeout.
+fn timeout(spec: &SinkSpec) -> Duration {
+    Duration::from_millis(spec.timeout.millis().max(1) as u64)
 }
 
 /// A few random bits for connection ids (not security-relevant).

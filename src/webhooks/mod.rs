@@ -29,6 +29,7 @@ mod reload;
 pub mod shared;
 pub mod sink;
 pub mod spec;
+pub mod template;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};

@@ -15,6 +15,8 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::events::EventFilter;
+use crate::webhooks::template::check_template;
+pub use crate::webhooks::template::{PLACEHOLDERS, SinkKind, destination_template, fill_template};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use hmac::{Hmac, Mac};
@@ -98,23 +100,9 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// How a sink's events leave: chosen by its URL's scheme.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SinkKind {
-    /// `http://` / `https://`: a signed POST per event (Standard Webhooks).
-    Http,
-    /// `mqtt://` / `mqtts://host[:port]/<topic template>`: a QoS 1 PUBLISH per event.
-    Mqtt,
-    /// `nats://host[:port]/<subject template>`: a JetStream publish (`Nats-Msg-Id` = event id)
-    /// when a stream holds the subject, else a core publish.
-    Nats,
-}
-
-/// The placeholders a topic or subject template may hold, filled from the event.
-pub const PLACEHOLDERS: &[&str] = &["{fence}", "{type}", "{device}"];
-
-/// One validated sink definition (webhook, MQTT or NATS).
-#[derive(Debug, Clone, PartialEq)]
+/// One validated sink definition (webhook, MQTT or NATS). Its `Debug` shows the URL without
+/// credentials, as logs must.
+#[derive(Clone, PartialEq)]
 pub struct SinkSpec {
     /// Unique id: 1..=64 of `A-Z a-z 0-9 _ . -`.
     pub id: String,
@@ -139,6 +127,24 @@ pub struct SinkSpec {
     pub max_dead_letters: usize,
     /// Events the store keeps for this sink beyond the event log's retention while it lags.
     pub max_backlog: u64,
+}
+
+impl fmt::Debug for SinkSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SinkSpec")
+            .field("id", &self.id)
+            .field("url", &self.public_url())
+            .field("secret", &self.secret)
+            .field("types", &self.types)
+            .field("fences", &self.fences)
+            .field("max_attempts", &self.max_attempts)
+            .field("timeout", &self.timeout)
+            .field("backoff_base", &self.backoff_base)
+            .field("backoff_max", &self.backoff_max)
+            .field("max_dead_letters", &self.max_dead_letters)
+            .field("max_backlog", &self.max_backlog)
+            .finish()
+    }
 }
 
 /// One problem with a sink definition: the field and what is wrong.
@@ -273,82 +279,6 @@ pub fn check_url(url: &str) -> Result<SinkKind, String> {
     Ok(kind)
 }
 
-/// The topic or subject template of an MQTT or NATS URL: its path without the leading `/`,
-/// percent-decoded (so `{fence}` may be written as is or escaped).
-pub fn destination_template(u: &reqwest::Url) -> String {
-    let path = u.path().strip_prefix('/').unwrap_or(u.path());
-    crate::wire::trackers::percent_decode(path, false)
-}
-
-/// Checks a topic (MQTT) or subject (NATS) template: not empty, at most 200 bytes, no
-/// wildcards, placeholders only from [`PLACEHOLDERS`]; a NATS subject has no empty token.
-fn check_template(kind: SinkKind, t: &str) -> Result<(), String> {
-    let what = if kind == SinkKind::Mqtt {
-        "topic"
-    } else {
-        "subject"
-    };
-    if t.is_empty() {
-        return Err(format!(
-            "the URL's path is the {what} to publish to and must not be empty \
-             (e.g. mqtt://broker:1883/geodwell/events/{{fence}}/{{type}})"
-        ));
-    }
-    if t.len() > 200 {
-        return Err(format!("the {what} template must be at most 200 bytes"));
-    }
-    let mut rest = t;
-    while let Some(open) = rest.find('{') {
-        let Some(close) = rest[open..].find('}') else {
-            return Err(format!("unclosed '{{' in the {what} template {t:?}"));
-        };
-        let ph = &rest[open..open + close + 1];
-        if !PLACEHOLDERS.contains(&ph) {
-            return Err(format!(
-                "unknown placeholder {ph} in the {what} template; known: {}",
-                PLACEHOLDERS.join(", ")
-            ));
-        }
-        rest = &rest[open + close + 1..];
-    }
-    let bad: &[char] = if kind == SinkKind::Mqtt {
-        &['+', '#', '\0']
-    } else {
-        &['*', '>', ' ', '\t', '\r', '\n']
-    };
-    if let Some(c) = t.chars().find(|c| bad.contains(c)) {
-        return Err(format!(
-            "the {what} template must not contain {c:?} (a wildcard or a separator)"
-        ));
-    }
-    if kind == SinkKind::Nats && t.split('.').any(str::is_empty) {
-        return Err(format!("the subject template {t:?} has an empty token"));
-    }
-    Ok(())
-}
-
-/// Fills a template with an event's fence, type and device. A value's characters that the
-/// destination reserves (MQTT: `+`, `#`, `/`; NATS: `.`, `*`, `>`, whitespace) become `_`, so
-/// one event always makes one topic level or subject token per placeholder.
-pub fn fill_template(kind: SinkKind, t: &str, fence: &str, kind_str: &str, device: &str) -> String {
-    let clean = |v: &str| -> String {
-        let v: String = v
-            .chars()
-            .map(|c| {
-                let reserved = match kind {
-                    SinkKind::Mqtt => matches!(c, '+' | '#' | '/' | '\0'),
-                    _ => matches!(c, '.' | '*' | '>') || c.is_whitespace(),
-                };
-                if reserved { '_' } else { c }
-            })
-            .collect();
-        if v.is_empty() { "_".into() } else { v }
-    };
-    t.replace("{fence}", &clean(fence))
-        .replace("{type}", &clean(kind_str))
-        .replace("{device}", &clean(device))
-}
-
 impl SinkSpec {
     /// Validates a sink definition given as a JSON object with the keys in [`KEYS`] (plus
     /// `allow_extra`, which the caller handles). Every problem is reported, with its field.
@@ -431,6 +361,19 @@ impl SinkSpec {
             }
         }
         let fences = get_list(obj, "fences", &mut issues);
+        if let Some(g) = fences
+            .iter()
+            .find(|g| g.len() > crate::events::filter::MAX_GLOB_BYTES)
+        {
+            issues.push((
+                "fences".into(),
+                format!(
+                    "a fence glob is at most {} bytes, got {}",
+                    crate::events::filter::MAX_GLOB_BYTES,
+                    g.len()
+                ),
+            ));
+        }
         let max_attempts = get_int(obj, "max_attempts", 1, 100, &mut issues)
             .map_or(DEFAULT_MAX_ATTEMPTS, |n| n as u32);
         let timeout = get_dur(obj, "timeout", &mut issues).unwrap_or(DEFAULT_TIMEOUT);
@@ -476,12 +419,12 @@ impl SinkSpec {
         check_url(&self.url).unwrap_or(SinkKind::Http)
     }
 
-    /// The URL as the API shows it: a password in it (MQTT, NATS) replaced by `***`.
+    /// The URL as the API shows it: its user name and password (MQTT, NATS) replaced by `***`.
     pub fn public_url(&self) -> String {
-        crate::outbound::redact_password(&self.url)
+        crate::outbound::redact_credentials(&self.url)
     }
 
-    /// The definition as the API shows it: every field but the secret (and a URL's password).
+    /// The definition as the API shows it: every field but the secret (and a URL's credentials).
     pub fn public_json(&self) -> Value {
         json!({
             "id": self.id,
@@ -599,6 +542,28 @@ mod tests {
     }
 
     #[test]
+    fn broker_credentials_are_never_shown() {
+        // A token as the user name (ThingsBoard, flespi) is as secret as a password.
+        for (url, hidden) in [
+            (
+                "nats://tok3nSECRET@broker.example:4222/ev",
+                &["tok3nSECRET"][..],
+            ),
+            (
+                "mqtt://alice:pa55word@broker.example/ev",
+                &["alice", "pa55word"][..],
+            ),
+        ] {
+            let spec = SinkSpec::from_json(&json!({"id": "b", "url": url}), &[]).unwrap();
+            let shown = format!("{spec:?} {} {}", spec.public_json(), spec.public_url());
+            for h in hidden {
+                assert!(!shown.contains(h), "{h} in {shown}");
+            }
+            assert!(spec.public_url().contains("***@broker.example"), "{shown}");
+        }
+    }
+
+    #[test]
     fn every_problem_is_reported_at_once() {
         let v = json!({
             "id": "bad id!",
@@ -663,7 +628,7 @@ mod tests {
         assert!(s.secret.is_none());
         assert_eq!(
             s.public_url(),
-            "mqtt://u:***@broker:1883/geodwell/%7Bfence%7D/%7Btype%7D"
+            "mqtt://***:***@broker:1883/geodwell/%7Bfence%7D/%7Btype%7D"
         );
         assert!(
             s.to_stored_json().contains("p%40ss"),
@@ -717,6 +682,24 @@ mod tests {
         assert_eq!(
             fill_template(SinkKind::Nats, "g.{device}", "f", "exit", ""),
             "g._"
+        );
+        // A value is never expanded again, whatever placeholder text it holds.
+        assert_eq!(
+            fill_template(SinkKind::Mqtt, t, "zone{device}", "enter", "normal-1"),
+            "geo/zone{device}/enter/normal-1"
+        );
+        assert_eq!(
+            fill_template(SinkKind::Mqtt, t, "{type}", "exit", "{fence}"),
+            "geo/{type}/exit/{fence}"
+        );
+        // Characters a broker refuses in a topic (an id stored before they were refused).
+        assert_eq!(
+            fill_template(SinkKind::Mqtt, t, "f\u{ffff}", "enter", "d\u{10ffff}\u{0}x"),
+            "geo/f_/enter/d__x"
+        );
+        assert_eq!(
+            fill_template(SinkKind::Nats, "g.{device}", "f", "exit", "a\u{fffe}"),
+            "g.a_"
         );
     }
 

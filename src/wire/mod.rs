@@ -223,8 +223,15 @@ pub fn finish_fix(
             now: wall_now,
         });
     }
-    Fix::new(device, ts, lat, lon, accuracy, limits.max_device_len)
-        .map_err(|e| ItemError::InvalidFix(e.to_string()))
+    let fix = Fix::new(device, ts, lat, lon, accuracy, limits.max_device_len)
+        .map_err(|e| ItemError::InvalidFix(e.to_string()))?;
+    if let Some(c) = geodwell_core::fix::uncarriable_char(device) {
+        return Err(ItemError::InvalidFix(format!(
+            "device id contains U+{:04X}, a control character or Unicode noncharacter, which message brokers refuse in topics",
+            c as u32
+        )));
+    }
+    Ok(fix)
 }
 
 /// How a JSON value is named in error messages ("a string", "an object", ...).
@@ -328,14 +335,86 @@ pub fn read_item(text: &str, what: &str) -> Item {
         .map_err(|e| ItemError::MalformedJson(format!("{what} is not JSON: {e}")))
 }
 
-/// Reads a JSON array of fixes, element by element through [`read_item`]. `None` when the
-/// text is not an array, or an element is not a JSON value serde_json can hold (e.g. `1e999`):
-/// the caller then parses the whole body as before and reports it as one error, so a JSON
-/// body is taken whole or not at all.
-pub fn read_array(text: &str) -> Option<Vec<Item>> {
-    let raw: Vec<&serde_json::value::RawValue> = serde_json::from_str(text).ok()?;
-    let items: Vec<Item> = raw.iter().map(|r| read_item(r.get(), "item")).collect();
-    items.iter().all(|i| i.is_ok()).then_some(items)
+/// A batch's items found in its text but not read yet: the text of each NDJSON line or array
+/// element, or the one object. Their number is known before any is read, so a caller can bound
+/// and budget a batch before it allocates the fixes; [`Located::read`] then reads them one at a
+/// time into their fixes, never into a list of unread items beside them.
+#[derive(Debug)]
+pub struct Located<'a> {
+    texts: Vec<&'a str>,
+    /// What an item is called in messages ("line", "item").
+    what: &'static str,
+    /// The whole text, for the error an unreadable array element stands for.
+    whole: &'a str,
+}
+
+/// Bytes a located item costs beside its text (its place in [`Located`]'s list).
+pub const LOCATED_ITEM_BYTES: usize = std::mem::size_of::<&str>();
+
+/// Locates the non-blank lines of an NDJSON text.
+pub fn locate_ndjson(text: &str) -> Located<'_> {
+    Located {
+        texts: text.lines().filter(|l| !l.trim().is_empty()).collect(),
+        what: "line",
+        whole: text,
+    }
+}
+
+/// Locates the items of a JSON text: the elements of an array, or one object. Anything else
+/// is refused as a whole: not JSON serde_json can read, or JSON that is neither.
+pub fn locate_batch(text: &str) -> Result<Located<'_>, BatchShapeError> {
+    if let Ok(raw) = serde_json::from_str::<Vec<&serde_json::value::RawValue>>(text) {
+        return Ok(Located {
+            texts: raw.iter().map(|r| r.get()).collect(),
+            what: "item",
+            whole: text,
+        });
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(_)) => Ok(Located {
+            texts: vec![text],
+            what: "item",
+            whole: text,
+        }),
+        Ok(other) => Err(BatchShapeError::NotFixOrArray(kind_of(&other))),
+        Err(e) => Err(BatchShapeError::NotJson(e)),
+    }
+}
+
+impl<'a> Located<'a> {
+    /// How many items.
+    pub fn len(&self) -> usize {
+        self.texts.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.texts.is_empty()
+    }
+
+    /// Reads and validates every item, in order, against `limits` at wall time `wall_now`. An
+    /// NDJSON line that is not JSON is one item error; an array element serde_json cannot hold
+    /// (a number such as `1e999`) makes the whole text unreadable, as when it is read whole.
+    pub fn read(
+        self,
+        limits: &FixLimits,
+        wall_now: Ts,
+    ) -> Result<Vec<Result<Fix, ItemError>>, BatchShapeError> {
+        let mut out = Vec::with_capacity(self.texts.len());
+        for text in self.texts {
+            let item = read_item(text, self.what);
+            if self.what == "item"
+                && let Err(ItemError::MalformedJson(_)) = item
+            {
+                return Err(match serde_json::from_str::<Value>(self.whole) {
+                    Err(e) => BatchShapeError::NotJson(e),
+                    Ok(v) => BatchShapeError::NotFixOrArray(kind_of(&v)),
+                });
+            }
+            out.push(item.and_then(|raw| parse_fix(&raw, limits, wall_now)));
+        }
+        Ok(out)
+    }
 }
 
 /// Why a JSON text is not a batch.
@@ -345,24 +424,6 @@ pub enum BatchShapeError {
     NotJson(serde_json::Error),
     /// JSON, but neither an object nor an array; names what it is ("a number", ...).
     NotFixOrArray(&'static str),
-}
-
-/// Reads a JSON body or frame as a batch: an array of fixes (each element through
-/// [`read_item`]) or one fix object. Shared by `POST /v1/fixes` and WebSocket ingest, which
-/// only word their errors differently. The common shapes are read once, typed.
-pub fn read_batch(text: &str) -> Result<Vec<Item>, BatchShapeError> {
-    if let Some(items) = read_array(text) {
-        return Ok(items);
-    }
-    if let Ok(f) = serde_json::from_str::<FastFix>(text) {
-        return Ok(vec![Ok(RawItem::Fast(f))]);
-    }
-    match serde_json::from_str::<Value>(text) {
-        Ok(Value::Array(items)) => Ok(items.into_iter().map(|v| Ok(RawItem::Json(v))).collect()),
-        Ok(v @ Value::Object(_)) => Ok(vec![Ok(RawItem::Json(v))]),
-        Ok(other) => Err(BatchShapeError::NotFixOrArray(kind_of(&other))),
-        Err(e) => Err(BatchShapeError::NotJson(e)),
-    }
 }
 
 #[cfg(test)]

@@ -59,6 +59,22 @@ pub enum FixError {
     BadAccuracy(f64),
 }
 
+/// The first character of an id that a message broker cannot carry in a topic or subject, if
+/// any: a control character (U+0000-U+001F, U+007F-U+009F) or a Unicode noncharacter
+/// (U+FDD0-U+FDEF and the last two code points of every plane, U+FFFE, U+FFFF, ..., U+10FFFF).
+/// MQTT brokers refuse both in topic names (MQTT 3.1.1 section 1.5.3, MQTT 5 section 1.5.4) and
+/// drop the connection that sends them. New device and fence ids are held to it; ids already
+/// stored are not, so state written before stays readable.
+pub fn uncarriable_char(id: &str) -> Option<char> {
+    id.chars().find(|&c| uncarriable(c))
+}
+
+/// Whether a broker cannot carry `c` in a topic (see [`uncarriable_char`]).
+pub fn uncarriable(c: char) -> bool {
+    let n = c as u32;
+    c.is_control() || (0xFDD0..=0xFDEF).contains(&n) || (n & 0xFFFE) == 0xFFFE
+}
+
 impl Fix {
     /// Validates and builds a fix.
     pub fn new(
@@ -125,6 +141,26 @@ mod tests {
             Err(FixError::DeviceTooLong { len: 9, max: 8 })
         ));
         assert_eq!(ok("a\n", 0.0, 0.0, None), Err(FixError::DeviceControlChars));
+        for bad in [
+            "a\u{ffff}",
+            "\u{fffe}",
+            "x\u{10ffff}",
+            "\u{fdd0}",
+            "\u{1fffe}",
+            "a\u{85}",
+        ] {
+            assert!(uncarriable_char(bad).is_some(), "{bad:?}");
+        }
+        for good in [
+            "truck-17",
+            "jane/phone",
+            "caf\u{e9}",
+            "\u{1f69a}",
+            "\u{fffd}",
+            "a b",
+        ] {
+            assert_eq!(uncarriable_char(good), None, "{good:?}");
+        }
         assert!(matches!(
             ok("a", f64::NAN, 0.0, None),
             Err(FixError::BadLat(_))
