@@ -1,14 +1,16 @@
 //! The API's read copy of the fences ([`FenceMap`]): by id for listings and gets, and in a
 //! spatial index for point and window queries.
 //!
-//! Invariant: the map by id and the index hold the same fences; every write changes both under
-//! one write lock, so a reader never sees one without the other.
+//! Invariants: the map by id and the index hold the same fences; every write changes both under
+//! one write lock, so a reader never sees one without the other. A filtered page
+//! ([`FenceMap::filtered_page`]) examines at most [`PAGE_SCAN`] fences, however many fences
+//! there are and however many match, and says where the next page starts.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
 use crate::telemetry as t;
-use geodwell_core::fences::{Fence, FenceIdx, FenceIndex, Rect};
+use geodwell_core::fences::{Fence, FenceIndex, Rect};
 
 /// A fence in the read copy, with its normalized GeoJSON Feature text (rendered once, when it is
 /// written: listings copy text instead of rendering every fence again for every reader).
@@ -28,6 +30,18 @@ impl Stored {
             .into();
         Stored { fence, json }
     }
+}
+
+/// Fences examined at most for one page of a filtered listing (`contains`, `bbox`).
+pub const PAGE_SCAN: usize = 10_000;
+
+/// One page of a filtered listing.
+#[derive(Debug, Default)]
+pub struct FilteredPage {
+    /// The matching fences, in id order.
+    pub fences: Vec<Stored>,
+    /// Where the next page starts (`after`); `None` when no fence after this page matches.
+    pub resume: Option<String>,
 }
 
 /// The read copy of the fences: what the API lists, gets and queries by place. Written only by
@@ -52,18 +66,35 @@ impl Inner {
         let index = FenceIndex::from_fences(map.values().map(|s| s.fence.clone()));
         Inner { by_id: map, index }
     }
+}
 
-    /// The fences at `idx`, as stored, sorted by id.
-    fn stored(&self, mut idx: Vec<FenceIdx>) -> Vec<Stored> {
-        idx.sort_unstable();
-        idx.dedup();
-        let mut out: Vec<Stored> = idx
-            .into_iter()
-            .filter_map(|i| self.index.get(i))
-            .filter_map(|f| self.by_id.get(&*f.id).cloned())
-            .collect();
-        out.sort_unstable_by(|a, b| a.fence.id.cmp(&b.fence.id));
-        out
+impl Inner {
+    /// The first `limit` of `ids` (in id order) whose fence passes `test`, looking at no more
+    /// than `examine` of them; `resume` is the last id looked at when ids were left.
+    fn page_of<'a>(
+        &self,
+        ids: impl Iterator<Item = &'a str>,
+        limit: usize,
+        examine: usize,
+        test: &impl Fn(&Fence) -> bool,
+    ) -> FilteredPage {
+        let mut page = FilteredPage::default();
+        let mut ids = ids.peekable();
+        let mut looked = 0usize;
+        while let Some(id) = ids.next() {
+            looked += 1;
+            if let Some(s) = self.by_id.get(id)
+                && test(&s.fence)
+            {
+                page.fences.push(s.clone());
+            }
+            let full = page.fences.len() == limit || looked == examine;
+            if full && ids.peek().is_some() {
+                page.resume = Some(id.to_string());
+                break;
+            }
+        }
+        page
     }
 }
 
@@ -168,23 +199,41 @@ impl FenceMap {
             .collect()
     }
 
-    /// Every fence that contains (lon, lat) by the engine's own test (boundary inclusive,
-    /// circles by haversine distance, ±180 one meridian), sorted by id.
-    pub fn containing(&self, lon: f64, lat: f64) -> Vec<Stored> {
+    /// Up to `limit` fences after `after`, in id order, that have an envelope meeting one of
+    /// `windows` and pass `test`, examining at most [`PAGE_SCAN`] fences. The windows' candidates
+    /// come from the spatial index and are tested in id order; a window meeting more envelopes
+    /// than that is read in id order from `after` instead, so a page's work stays bounded either
+    /// way (a page may then hold fewer than `limit`, even none, with `resume` set).
+    pub fn filtered_page(
+        &self,
+        windows: &[Rect],
+        after: Option<&str>,
+        limit: usize,
+        test: impl Fn(&Fence) -> bool,
+    ) -> FilteredPage {
         let r = self.read();
         let mut idx = Vec::new();
-        r.index.containing(lon, lat, &mut idx);
-        r.stored(idx)
-    }
-
-    /// Every fence that shares a point with any of `windows` ([`Fence::meets_rect`]), sorted
-    /// by id.
-    pub fn meeting(&self, windows: &[Rect]) -> Vec<Stored> {
-        let r = self.read();
-        let mut idx = Vec::new();
-        for w in windows {
-            r.index.meeting(w, &mut idx);
+        let complete = windows
+            .iter()
+            .all(|w| r.index.envelope_hits(w, PAGE_SCAN, &mut idx) && idx.len() <= PAGE_SCAN);
+        if complete {
+            let mut ids: Vec<&str> = idx
+                .into_iter()
+                .filter_map(|i| r.index.get(i))
+                .map(|f| &*f.id)
+                .filter(|id| after.is_none_or(|a| *id > a))
+                .collect();
+            ids.sort_unstable();
+            ids.dedup();
+            r.page_of(ids.into_iter(), limit, usize::MAX, &test)
+        } else {
+            use std::ops::Bound;
+            let from = after.map_or(Bound::Unbounded, |a| Bound::Excluded(a.to_string()));
+            let ids = r
+                .by_id
+                .range::<String, _>((from, Bound::Unbounded))
+                .map(|(id, _)| id.as_str());
+            r.page_of(ids, limit, PAGE_SCAN, &test)
         }
-        r.stored(idx)
     }
 }

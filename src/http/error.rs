@@ -139,6 +139,11 @@ impl ApiError {
         ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, code, message)
     }
 
+    /// 500: a fault of the server's own (a task that failed), never of the request.
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+    }
+
     /// 422.
     pub fn unprocessable(code: &'static str, message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, code, message)

@@ -45,6 +45,10 @@ pub struct EventsPage {
     pub head_seq: u64,
     /// Whether events between `from_seq` and `first_seq` were dropped by retention.
     pub missed: bool,
+    /// Whether the log holds events from `next_seq` on (`next_seq < head_seq`). A filtered page
+    /// reads a bounded number of events, so it may hold fewer than `limit` matches, even none,
+    /// while this is true: keep polling from `next_seq`.
+    pub has_more: bool,
 }
 
 /// One event's JSON text as the event log rendered it (`LoggedEvent::json`), served as it is:
@@ -71,8 +75,9 @@ impl EventsPage {
     /// The answer's text after its events: the same fields, in the same order, as serializing
     /// the page gives.
     fn tail(next_seq: u64, first_seq: u64, head_seq: u64, missed: bool) -> String {
+        let has_more = next_seq < head_seq;
         format!(
-            "],\"next_seq\":{next_seq},\"first_seq\":{first_seq},\"head_seq\":{head_seq},\"missed\":{missed}}}"
+            "],\"next_seq\":{next_seq},\"first_seq\":{first_seq},\"head_seq\":{head_seq},\"missed\":{missed},\"has_more\":{has_more}}}"
         )
     }
 
@@ -143,12 +148,12 @@ pub(crate) fn parse_u64(q: &HashMap<String, String>, key: &str) -> Result<Option
 /// `GET /v1/events?from_seq=N&limit=M&types=..&device=..&fence=..&since=..&until=..`: events
 /// with `seq >= N` (default: the oldest held) that pass the filter.
 #[utoipa::path(get, path = "/v1/events", tag = "events",
-    description = "Events with seq >= from_seq (default: the oldest held), oldest first, optionally filtered as subscriptions are (types, fence glob, device) and by event time (`since` inclusive, `until` exclusive). A filtered page reads the log from from_seq until it holds `limit` matches or reaches the head; `next_seq` is where it stopped reading, so paging with it never skips or repeats an event. Scope: read.",
+    description = "Events with seq >= from_seq (default: the oldest held), oldest first, optionally filtered as subscriptions are (types, fence glob, device) and by event time (`since` inclusive, `until` exclusive). A filtered page reads the log from from_seq until it holds `limit` matches, reaches the head, or has examined 20,000 events; `next_seq` is where it stopped reading, so paging with it never skips or repeats an event, and `has_more` says whether the log holds more from there (a page may be short or empty while it is true). Scope: read.",
     params(
         ("from_seq" = Option<u64>, Query, maximum = 9_223_372_036_854_775_807_i64, description = "First seq wanted"),
         ("limit" = Option<u64>, Query, minimum = 1, description = "Most events (default 1000, at most max_poll_limit)"),
         ("types" = Option<String>, Query, pattern = r"^ *(enter|exit|dwell) *(, *(enter|exit|dwell) *)*$", description = "Comma-separated kinds: enter, exit, dwell"),
-        ("fence" = Option<String>, Query, pattern = r"[^\u0000-\u0020\u007F-\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000]", description = "Fence id glob (`*`, `?`)"),
+        ("fence" = Option<String>, Query, pattern = r"[^\u0000-\u0020\u007F-\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000]", max_length = 512, description = "Fence id glob (`*`, `?`), at most 512 bytes"),
         ("device" = Option<String>, Query, pattern = r"[^\u0000-\u0020\u007F-\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000]", description = "Device id (exact)"),
         ("since" = Option<crate::http::openapi::QueryTime>, Query, description = "Only events with `at` at or after this time (RFC 3339 or Unix ms)"),
         ("until" = Option<crate::http::openapi::QueryTime>, Query, description = "Only events with `at` before this time (RFC 3339 or Unix ms); at or before `since` matches nothing"),
@@ -174,41 +179,106 @@ pub async fn poll(
         .iter()
         .any(|k| q.contains_key(*k));
     let filter = filtered.then(|| parse_filter(&q)).transpose()?;
-    // The answer is streamed: the log is read a piece at a time as the client takes the text
-    // (events older than the log's JSON cache are rendered then, outside the log's lock), so a
-    // page of any size costs one piece of memory. The page covers the events up to the head
-    // seen now; if retention overtakes the page while it is written, the page ends early and
-    // its `next_seq` says where to go on (that poll then reports `missed`). A filtered page
-    // reads up to the head (at most the log's capacity) for its matches.
     let held = st.log().read(from, 0);
     let (first_seq, head_seq) = (held.first_seq, held.next_seq);
     let missed = from < first_seq && from != 0;
+    let start = from.max(first_seq);
+    match filter {
+        None => Ok(stream_page(
+            st.log().clone(),
+            start,
+            limit,
+            first_seq,
+            head_seq,
+            missed,
+        )),
+        Some(filter) => {
+            // A filtered page is read on the scan pool, examining at most `POLL_SCAN` events:
+            // a glob that matches nothing in a long log costs one bounded page, not the log.
+            let log = st.log().clone();
+            let (events, next) =
+                crate::http::scan::run(move || scan(&log, &filter, start, head_seq, limit)).await?;
+            let page = EventsPage {
+                events,
+                next_seq: next,
+                first_seq,
+                head_seq,
+                missed,
+                has_more: next < head_seq,
+            };
+            Ok(crate::http::stream::json(Some(page), |p| {
+                p.take().map(|p| p.to_json())
+            }))
+        }
+    }
+}
+
+/// Events examined at most for one filtered page of `GET /v1/events`.
+pub const POLL_SCAN: usize = 20_000;
+
+/// The matches of `filter` from `start` on (up to `head`): at most `limit` of them, examining at
+/// most [`POLL_SCAN`] events. Returns them and the seq to continue from. Retention overtaking
+/// the scan ends it early (the next poll reports `missed`).
+fn scan(
+    log: &crate::events::EventLog,
+    filter: &EventFilter,
+    start: u64,
+    head: u64,
+    limit: usize,
+) -> (Vec<RawEvent>, u64) {
+    let mut out = Vec::new();
+    let mut next = start;
+    let stop = head.min(start.saturating_add(POLL_SCAN as u64));
+    while next < stop && out.len() < limit {
+        let want = POLL_PIECE.min((stop - next) as usize);
+        let r = log.read(next, want);
+        if r.events.first().map(|e| e.seq) != Some(next) {
+            break;
+        }
+        for e in &r.events {
+            next = e.seq + 1;
+            if filter.matches_event(&e.event) {
+                out.push(RawEvent(e.json()));
+                if out.len() == limit {
+                    break;
+                }
+            }
+        }
+    }
+    (out, next)
+}
+
+/// An unfiltered page, streamed: the log is read a piece at a time as the client takes the text
+/// (events older than the log's JSON cache are rendered then, outside the log's lock), so a
+/// page of any size costs one piece of memory. The page covers the events up to the head seen
+/// now; if retention overtakes the page while it is written, the page ends early and its
+/// `next_seq` says where to go on (that poll then reports `missed`).
+fn stream_page(
+    log: Arc<crate::events::EventLog>,
+    start: u64,
+    limit: usize,
+    first_seq: u64,
+    head_seq: u64,
+    missed: bool,
+) -> Response {
     struct Page {
         log: Arc<crate::events::EventLog>,
-        filter: Option<EventFilter>,
         next: u64,
         end: u64,
-        left: usize,
         wrote_any: bool,
         started: bool,
         done: bool,
     }
-    let start = from.max(first_seq);
-    let end = match filter {
-        None => start.saturating_add(limit as u64).min(head_seq.max(start)),
-        Some(_) => head_seq.max(start),
-    };
+    let end = start.saturating_add(limit as u64).min(head_seq.max(start));
     let page = Page {
-        log: st.log().clone(),
-        filter,
+        log,
         next: start,
         end,
-        left: limit,
         wrote_any: false,
         started: false,
         done: false,
     };
-    Ok(crate::http::stream::json(page, move |p| {
+    crate::http::stream::json(page, move |p| {
         if p.done {
             return None;
         }
@@ -217,39 +287,27 @@ pub async fn poll(
             p.started = true;
             piece.push_str(EventsPage::HEAD);
         }
-        'read: while piece.len() < crate::http::stream::PIECE_BYTES && p.next < p.end && p.left > 0
-        {
+        while piece.len() < crate::http::stream::PIECE_BYTES && p.next < p.end {
             let want = POLL_PIECE.min((p.end - p.next) as usize);
             let r = p.log.read(p.next, want);
             if r.events.first().map(|e| e.seq) != Some(p.next) {
                 break; // retention overtook the page
             }
             for e in &r.events {
-                // Read past: `next` is where the next page starts, matched or not.
-                p.next = e.seq + 1;
-                if p.filter
-                    .as_ref()
-                    .is_some_and(|f| !f.matches_event(&e.event))
-                {
-                    continue;
-                }
                 if p.wrote_any {
                     piece.push(',');
                 }
                 piece.push_str(&e.json());
                 p.wrote_any = true;
-                p.left -= 1;
-                if p.left == 0 {
-                    break 'read;
-                }
+                p.next = e.seq + 1;
             }
         }
-        if piece.len() < crate::http::stream::PIECE_BYTES || p.next >= p.end || p.left == 0 {
+        if piece.len() < crate::http::stream::PIECE_BYTES || p.next >= p.end {
             p.done = true;
             piece.push_str(&EventsPage::tail(p.next, first_seq, head_seq, missed));
         }
         Some(piece)
-    }))
+    })
 }
 
 /// Parses `types=enter,dwell`, `fence=<glob>`, `device=<id>`, `since`, `until` into the one
@@ -278,6 +336,18 @@ pub fn parse_filter(q: &HashMap<String, String>) -> Result<EventFilter, ApiError
                 format!("{key} must hold a visible character (omit it to match everything)"),
             ));
         }
+    }
+    if let Some(g) = q.get("fence")
+        && g.len() > crate::events::filter::MAX_GLOB_BYTES
+    {
+        return Err(ApiError::bad_request(
+            "bad_query",
+            format!(
+                "fence is a glob of at most {} bytes, got {}",
+                crate::events::filter::MAX_GLOB_BYTES,
+                g.len()
+            ),
+        ));
     }
     let fences: Vec<&str> = q.get("fence").map(String::as_str).into_iter().collect();
     // `until` at or before `since` is an empty window: it matches nothing (not an error, so
@@ -337,7 +407,7 @@ fn parse_time(q: &HashMap<String, String>, key: &str) -> Result<Option<Ts>, ApiE
     params(
         ("from_seq" = Option<u64>, Query, maximum = 9_223_372_036_854_775_807_i64, description = "First seq wanted (default: new events only)"),
         ("types" = Option<String>, Query, pattern = r"^ *(enter|exit|dwell) *(, *(enter|exit|dwell) *)*$", description = "Comma-separated kinds: enter, exit, dwell"),
-        ("fence" = Option<String>, Query, pattern = r"[^\u0000-\u0020\u007F-\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000]", description = "Fence id glob"),
+        ("fence" = Option<String>, Query, pattern = r"[^\u0000-\u0020\u007F-\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000]", max_length = 512, description = "Fence id glob (`*`, `?`), at most 512 bytes"),
         ("device" = Option<String>, Query, pattern = r"[^\u0000-\u0020\u007F-\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000]", description = "Device id"),
         ("since" = Option<crate::http::openapi::QueryTime>, Query, description = "Only events with `at` at or after this time (RFC 3339 or Unix ms)"),
         ("until" = Option<crate::http::openapi::QueryTime>, Query, description = "Only events with `at` before this time (RFC 3339 or Unix ms); at or before `since` matches nothing"),
@@ -518,6 +588,7 @@ mod tests {
                 first_seq: 3,
                 head_seq: 12,
                 missed: n == 1,
+                has_more: true,
             };
             assert_eq!(page.to_json(), serde_json::to_string(&page).unwrap());
         }

@@ -321,7 +321,7 @@ fn parse_bbox(v: &str) -> Result<Filter, ApiError> {
 
 /// `GET /v1/fences`: a page of fences as a FeatureCollection, sorted by id, with `next_after`.
 #[utoipa::path(get, path = "/v1/fences", tag = "fences",
-    description = "Fences sorted by id, a page at a time: all of them, those containing a point (`contains`, the engine's own test: boundary inclusive, circles included), those sharing a point with a window (`bbox`), or both. The answer is a GeoJSON FeatureCollection with `next_after`: pass it back as `after` for the next page (null on the last). Scope: read.",
+    description = "Fences sorted by id, a page at a time: all of them, those containing a point (`contains`, the engine's own test: boundary inclusive, circles included), those sharing a point with a window (`bbox`), or both. The answer is a GeoJSON FeatureCollection with `next_after`: pass it back as `after` for the next page (null on the last, and then `has_more` is false). A filtered page examines a bounded number of fences, so it may hold fewer than `limit` fences, even none, while `has_more` is true: keep paging until it is false. Scope: read.",
     params(
         ("limit" = Option<u64>, Query, minimum = 1, maximum = 10000, description = "Page length (default 1000)"),
         ("after" = Option<String>, Query, description = "`next_after` of the previous page"),
@@ -349,32 +349,45 @@ pub async fn list_fences(
     let after = q.get("after").cloned();
     let contains = q.get("contains").map(|c| parse_contains(c)).transpose()?;
     let window = q.get("bbox").map(|b| parse_bbox(b)).transpose()?;
-    // The filtered answers are computed at once (the matches of a point or a window, in id
-    // order); the full listing is read from the registry a few fences at a time as the client
-    // reads, since a page of large fences is tens of MB of text.
-    // Both given: the fences containing the point that also share a point with the window.
-    let matches = match (contains, window) {
+    // A filtered page is computed at once on the scan pool (bounded work: `PAGE_SCAN` fences
+    // at most, `crate::fences::map`); the full listing is read from the registry a few fences at
+    // a time as the client reads, since a page of large fences is tens of MB of text. Both
+    // given: the fences containing the point that also share a point with the window.
+    let query = match (contains, window) {
         (None, None) => None,
         (Some(Filter::Contains { lat, lon }), w) => {
-            let mut m = st.fences().containing(lon, lat);
-            if let Some(Filter::Window(w)) = w {
-                m.retain(|s| w.iter().any(|r| s.fence.meets_rect(r)));
+            let mut windows = vec![Rect::point(lon, lat)];
+            if lon.abs() == 180.0 {
+                windows.push(Rect::point(-lon, lat));
             }
-            Some(m)
+            let within = match w {
+                Some(Filter::Window(w)) => Some(w),
+                _ => None,
+            };
+            Some((windows, Some((lon, lat)), within))
         }
-        (_, Some(Filter::Window(w))) => Some(st.fences().meeting(&w)),
+        (_, Some(Filter::Window(w))) => Some((w.clone(), None, Some(w))),
         _ => None,
     };
-    let matches = matches.map(|m| {
-        let from = after
-            .as_deref()
-            .map_or(0, |a| m.partition_point(|s| &*s.fence.id <= a));
-        m[from..]
-            .iter()
-            .take(limit + 1)
-            .cloned()
-            .collect::<Vec<_>>()
-    });
+    let matches = match query {
+        None => None,
+        Some((windows, point, within)) => {
+            let st = st.clone();
+            let after = after.clone();
+            Some(
+                crate::http::scan::run(move || {
+                    st.fences()
+                        .filtered_page(&windows, after.as_deref(), limit, |f| {
+                            point.is_none_or(|(lon, lat)| f.contains(lon, lat))
+                                && within
+                                    .as_ref()
+                                    .is_none_or(|w| w.iter().any(|r| f.meets_rect(r)))
+                        })
+                })
+                .await?,
+            )
+        }
+    };
     /// Fences read from the registry per lock, for the unfiltered listing.
     const FETCH: usize = 64;
     struct List {
@@ -386,6 +399,8 @@ pub async fn list_fences(
         fetch_after: Option<Option<String>>,
         /// The id of the last fence written.
         after: Option<String>,
+        /// Filtered: where the next page starts once `pending` is written.
+        resume: Option<String>,
         left: usize,
         wrote_any: bool,
         started: bool,
@@ -404,15 +419,16 @@ pub async fn list_fences(
             self.pending.next()
         }
     }
-    let (pending, fetch_after) = match matches {
-        Some(m) => (m, None),
-        None => (Vec::new(), Some(after.clone())),
+    let (pending, fetch_after, resume) = match matches {
+        Some(m) => (m.fences, None, m.resume),
+        None => (Vec::new(), Some(after.clone()), None),
     };
     let list = List {
         st,
         pending: pending.into_iter(),
         fetch_after,
         after,
+        resume,
         left: limit,
         wrote_any: false,
         started: false,
@@ -430,14 +446,13 @@ pub async fn list_fences(
         while piece.len() < crate::http::stream::PIECE_BYTES {
             let Some(s) = l.next() else {
                 l.done = true;
-                piece.push_str(r#"],"next_after":null}"#);
+                piece.push_str(&page_tail(l.resume.as_deref()));
                 break;
             };
             if l.left == 0 {
                 // One more fence exists: the page ends at the last one written.
                 l.done = true;
-                let last = serde_json::to_string(&l.after).unwrap_or_else(|_| "null".into());
-                piece.push_str(&format!(r#"],"next_after":{last}}}"#));
+                piece.push_str(&page_tail(l.after.as_deref()));
                 break;
             }
             if l.wrote_any {
@@ -450,6 +465,15 @@ pub async fn list_fences(
         }
         Some(piece)
     }))
+}
+
+/// The text after a page's fences: `next_after` (null on the last page) and `has_more`.
+fn page_tail(next_after: Option<&str>) -> String {
+    let next = serde_json::to_string(&next_after).unwrap_or_else(|_| "null".into());
+    format!(
+        r#"],"next_after":{next},"has_more":{}}}"#,
+        next_after.is_some()
+    )
 }
 
 /// `DELETE /v1/fences/{id}`: drops the fence, its pairs and their timers.

@@ -16,6 +16,7 @@ pub mod openapi;
 pub mod ops;
 pub mod origin;
 pub mod query;
+pub mod scan;
 pub mod server;
 pub mod stream;
 pub mod tls;

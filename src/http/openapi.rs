@@ -193,6 +193,12 @@ pub struct FenceCollection {
     pub kind: String,
     /// The fences.
     pub features: Vec<FenceFeature>,
+    /// Pass as `after` for the next page; null on the last page.
+    #[schema(required = true)]
+    pub next_after: Option<String>,
+    /// Whether another page may hold fences (false exactly when `next_after` is null). A page
+    /// may hold fewer than `limit` fences, even none, while this is true.
+    pub has_more: bool,
 }
 
 /// `POST /v1/fences` body: one Feature or a FeatureCollection.

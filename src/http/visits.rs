@@ -7,7 +7,7 @@
 //! a visit whose ENTER was already trimmed is marked `complete: false`.
 //!
 //! Cost: one pass over the held log (at most `events.log_capacity` compact entries, read in
-//! chunks of 4,096 under the log's lock) per page; visits are sorted by (`entered_at`, fence) and paged
+//! chunks of 4,096 under the log's lock) per page, on the scan pool ([`crate::http::scan`]); visits are sorted by (`entered_at`, fence) and paged
 //! with an `after` cursor naming the last visit of the previous page.
 
 use std::collections::{BTreeMap, HashMap};
@@ -124,9 +124,10 @@ pub async fn list_visits(
     }
     let after = q.get("after").map(|c| parse_cursor(c)).transpose()?;
     let log = st.log().clone();
-    // One pass over the held log; only the device's own events are expanded (a compact entry's
-    // device id is compared in place), about a millisecond per 100,000 entries.
-    let (visits, first_seq) = {
+    // One pass over the held log, on the scan pool; only the device's own events are expanded
+    // (a compact entry's device id is compared in place), about a millisecond per 100,000
+    // entries.
+    let (visits, first_seq) = crate::http::scan::run(move || {
         let mut visits: BTreeMap<(i64, Arc<str>), VisitOut> = BTreeMap::new();
         let held = log.read(0, 0);
         let (first_seq, head) = (held.first_seq, held.next_seq);
@@ -172,7 +173,8 @@ pub async fn list_visits(
             v.dwell_reached_s.sort_by(f64::total_cmp);
         }
         (visits, first_seq)
-    };
+    })
+    .await?;
     let from = match &after {
         Some((ms, fence)) => {
             visits.partition_point(|v| (v.entered_at.0, &*v.fence) <= (*ms, fence.as_str()))

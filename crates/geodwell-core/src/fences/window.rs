@@ -23,6 +23,16 @@ pub struct Rect {
 }
 
 impl Rect {
+    /// The rectangle of one point.
+    pub fn point(lon: f64, lat: f64) -> Rect {
+        Rect {
+            min_lon: lon,
+            min_lat: lat,
+            max_lon: lon,
+            max_lat: lat,
+        }
+    }
+
     fn holds(&self, p: [f64; 2]) -> bool {
         (self.min_lon..=self.max_lon).contains(&p[0])
             && (self.min_lat..=self.max_lat).contains(&p[1])

@@ -350,6 +350,30 @@ impl FenceIndex {
         }
     }
 
+    /// Appends the fences with an envelope that meets the closed rectangle `r` (no exact test;
+    /// a fence may come more than once), stopping after `cap` envelopes. Returns whether every
+    /// such envelope was seen, so that a caller can bound its work and fall back to another
+    /// order when a window meets too many.
+    pub fn envelope_hits(&self, r: &super::Rect, cap: usize, out: &mut Vec<FenceIdx>) -> bool {
+        let window = AABB::from_corners(
+            [f32_down(r.min_lon), f32_down(r.min_lat)],
+            [f32_up(r.max_lon), f32_up(r.max_lat)],
+        );
+        let mut seen = 0usize;
+        let stopped = self
+            .tree
+            .locate_in_envelope_intersecting_int(window, |e| {
+                if seen == cap {
+                    return std::ops::ControlFlow::Break(());
+                }
+                seen += 1;
+                out.push(FenceIdx(e.idx));
+                std::ops::ControlFlow::Continue(())
+            })
+            .is_break();
+        !stopped
+    }
+
     /// Appends fences that share a point with the closed rectangle `r` (envelopes from the
     /// R-tree, then [`Fence::meets_rect`]), each at most once, in no particular order.
     pub fn meeting(&self, r: &super::Rect, out: &mut Vec<FenceIdx>) {
