@@ -13,11 +13,14 @@ use std::time::Instant;
 use metrics::counter;
 use serde::Serialize;
 
+use crate::budget::{Exhausted, Reservation};
 use crate::clock::Watermark;
 use crate::events::publisher::PublishError;
 use crate::shard::{PartReply, SendError, Shards, StampedFix};
 use crate::telemetry as t;
-use crate::wire::{FixLimits, Item, ItemCode, ItemError, parse_fix};
+use crate::wire::{
+    BatchShapeError, FixLimits, Item, ItemCode, ItemError, LOCATED_ITEM_BYTES, Located, parse_fix,
+};
 use geodwell_core::engine::Ingested;
 use geodwell_core::fix::Fix;
 use geodwell_core::time::Ts;
@@ -67,6 +70,50 @@ pub enum AdvanceError {
     /// The shards (or the cluster) did not take it.
     #[error(transparent)]
     Query(#[from] crate::shard::QueryError),
+}
+
+/// Budget bytes each item of a batch holds from the moment it is read until the batch is
+/// answered, besides the heap of [`heap_bytes`]: its read form, its stamped copy on its way to
+/// its shard, its place in the located list, and the fixed part of its journal record (a tag,
+/// two zigzag times, two coordinates and an accuracy: at most 46 bytes).
+pub const ITEM_HOLD_BYTES: usize = std::mem::size_of::<Result<Fix, ItemError>>()
+    + std::mem::size_of::<StampedFix>()
+    + LOCATED_ITEM_BYTES
+    + 46;
+
+/// The heap a read batch holds beyond [`ITEM_HOLD_BYTES`] per item: each device id in its journal
+/// record, ids too long to be held inline (over 24 bytes) once more, and error messages.
+pub fn heap_bytes(items: &[Result<Fix, ItemError>]) -> usize {
+    items
+        .iter()
+        .map(|i| match i {
+            Ok(f) => {
+                f.device.len()
+                    + if f.device.len() > 24 {
+                        f.device.len()
+                    } else {
+                        0
+                    }
+            }
+            Err(e) => e.to_string().len(),
+        })
+        .sum()
+}
+
+/// Why a located batch was not read.
+#[derive(Debug)]
+pub enum ReadError {
+    /// The text is not a batch.
+    Shape(BatchShapeError),
+    /// The memory budget has no room for its items now.
+    Budget(Exhausted),
+    /// Its items hold more than the whole budget: it can never be taken.
+    NeverFits {
+        /// Bytes they would hold.
+        need: usize,
+        /// The budget.
+        total: usize,
+    },
 }
 
 /// Why a whole batch could not be taken.
@@ -134,6 +181,30 @@ impl Ingest {
             .advance(to, to.plus(self.watermark.lateness()))
             .await?;
         Ok(before)
+    }
+
+    /// Reads and validates a located batch within the memory budget: [`ITEM_HOLD_BYTES`] per
+    /// item are added to `hold` before anything is read (refused at once when they do not fit),
+    /// then the heap the items hold ([`heap_bytes`]). The caller gives back what its text held
+    /// once it drops the text.
+    pub fn read_within(
+        &self,
+        located: Located<'_>,
+        hold: &mut Reservation,
+    ) -> Result<Vec<Result<Fix, ItemError>>, ReadError> {
+        let need = located.len().saturating_mul(ITEM_HOLD_BYTES);
+        if need.saturating_add(hold.bytes()) > hold.budget_total() {
+            return Err(ReadError::NeverFits {
+                need,
+                total: hold.budget_total(),
+            });
+        }
+        hold.grow(need).map_err(ReadError::Budget)?;
+        let items = located
+            .read(&self.limits, self.now())
+            .map_err(ReadError::Shape)?;
+        hold.grow(heap_bytes(&items)).map_err(ReadError::Budget)?;
+        Ok(items)
     }
 
     /// Parses and validates wire items (the JSON transports).
@@ -250,5 +321,16 @@ impl Dispatched {
         report.errors.sort_by_key(|e| e.index);
         report.rejected = report.errors.len();
         Ok(report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_item_holds_what_the_docs_say() {
+        // docs/security.md gives the figure; a change of the types changes it.
+        assert_eq!(ITEM_HOLD_BYTES, 206);
     }
 }

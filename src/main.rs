@@ -242,6 +242,7 @@ async fn serve(cfg: Config, reload: impl Fn() -> anyhow::Result<Config>) -> anyh
                 // a restart; other settings need one.
                 match reload() {
                     Ok(new) => {
+                        reload_tls(&service, new.tls_cert.as_deref(), new.tls_key.as_deref());
                         let n = service.reload_keys(new.api_keys);
                         tracing::info!(keys = n, "SIGHUP: configuration reloaded; API keys replaced");
                         match service.reload_sinks(&new.webhooks).await {
@@ -257,17 +258,40 @@ async fn serve(cfg: Config, reload: impl Fn() -> anyhow::Result<Config>) -> anyh
                     }
                     Err(e) => tracing::error!("SIGHUP: the configuration is not valid; keeping the running one:\n{e:#}"),
                 }
-                match service.reload_tls() {
-                    Ok(true) => tracing::info!("SIGHUP: TLS certificate and key read again"),
-                    Ok(false) => {}
-                    Err(e) => tracing::error!(error = %e, "SIGHUP: TLS certificate not usable; keeping the running one"),
-                }
             }
         }
     }
     tracing::info!("shutdown signal received; draining");
     service.shutdown(grace).await?;
     Ok(())
+}
+
+/// Applies a reloaded configuration's `server.tls_cert` / `server.tls_key`: the files it names
+/// are read (a changed path included); a certificate that cannot be used is logged and the
+/// running one kept. TLS cannot be switched on or off without a restart.
+fn reload_tls(
+    service: &geodwell::Service,
+    cert: Option<&std::path::Path>,
+    key: Option<&std::path::Path>,
+) {
+    match (service.has_tls(), cert.zip(key)) {
+        (true, Some((cert, key))) => match service.reload_tls(cert, key) {
+            Ok(Some(i)) => tracing::info!(
+                cert = %i.cert.display(),
+                not_after = %chrono::DateTime::from_timestamp(i.not_after, 0).map_or_else(String::new, |t| t.to_rfc3339()),
+                "SIGHUP: TLS certificate and key read"
+            ),
+            Ok(None) => {}
+            Err(e) => {
+                tracing::error!(error = %e, "SIGHUP: TLS certificate not usable; keeping the running one")
+            }
+        },
+        (false, None) => {}
+        (on, _) => tracing::warn!(
+            tls_now = on,
+            "SIGHUP: switching TLS on or off takes a restart; the server keeps its current setting"
+        ),
+    }
 }
 
 /// SIGHUPs, from the moment it is made (none where there are no such signals).

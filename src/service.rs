@@ -377,13 +377,22 @@ impl Service {
         self.state.webhooks().reload_config(configured).await
     }
 
-    /// Reads the TLS certificate and key again (SIGHUP): new connections use them. `Ok(false)`
-    /// without TLS; an error changes nothing.
-    pub fn reload_tls(&self) -> Result<bool, crate::http::tls::TlsError> {
+    /// Reads the TLS certificate and key of a reloaded configuration (SIGHUP): new connections
+    /// use them. `Ok(None)` without TLS; an error changes nothing.
+    pub fn reload_tls(
+        &self,
+        cert: &std::path::Path,
+        key: &std::path::Path,
+    ) -> Result<Option<crate::http::tls::Installed>, crate::http::tls::TlsError> {
         match &self.tls {
-            Some(t) => t.reload().map(|()| true),
-            None => Ok(false),
+            Some(t) => t.reload(cert, key).map(Some),
+            None => Ok(None),
         }
+    }
+
+    /// Whether the server speaks TLS (switching it on or off takes a restart).
+    pub fn has_tls(&self) -> bool {
+        self.tls.is_some()
     }
 
     /// The service's router, for in-process requests (`tower::ServiceExt::oneshot`); it serves
@@ -708,11 +717,15 @@ fn launch(
     // MQTT ingest starts with the server (the state's task tracker: shutdown waits for its last
     // batch and acknowledgements).
     if let (Some(mqtt), Some(status)) = (cfg.mqtt.clone(), state.mqtt()) {
-        let max_bytes = cfg.max_body_bytes;
+        let limits = crate::mqtt::MqttLimits {
+            max_bytes: cfg.max_body_bytes,
+            max_batch: cfg.max_batch,
+            budget: state.budget().clone(),
+        };
         crate::mqtt::spawn(
             mqtt,
             state.clone(),
-            max_bytes,
+            limits,
             state.tasks(),
             status.clone(),
             trigger.clone(),

@@ -82,11 +82,13 @@ pub const SUBSCRIBERS_MAX: &str = "geodwell_subscribers_max";
 pub const HTTP_CONNECTIONS_MAX: &str = "geodwell_http_connections_max";
 /// Outgoing connections refused because the target is not a public address.
 pub const OUTBOUND_REFUSED: &str = "geodwell_outbound_refused_total";
+/// The HTTP server's TLS leaf certificate's end of validity, Unix seconds; absent without TLS.
+pub const TLS_CERT_EXPIRY: &str = "geodwell_tls_cert_expiry_timestamp_seconds";
 /// Whether the MQTT ingest connection is up (1) or not (0); absent when MQTT is off.
 pub const MQTT_CONNECTED: &str = "geodwell_mqtt_connected";
 /// MQTT ingest connection attempts, by `outcome` (connected, refused, failed).
 pub const MQTT_CONNECTS: &str = "geodwell_mqtt_connects_total";
-/// MQTT messages read and waiting for a batch.
+/// MQTT messages read and not yet acknowledged.
 pub const MQTT_QUEUED: &str = "geodwell_mqtt_queued_messages";
 /// MQTT messages read by ingest (each acknowledged once its fixes are durable).
 pub const MQTT_MESSAGES: &str = "geodwell_mqtt_messages_total";
@@ -479,7 +481,12 @@ fn describe() {
     );
     describe_counter!(
         OUTBOUND_REFUSED,
-        "Outgoing connections (webhook deliveries) refused because the target is not a public address."
+        "Outgoing connections (webhook deliveries, MQTT and NATS sinks) refused because the target is not a public address."
+    );
+    describe_gauge!(
+        TLS_CERT_EXPIRY,
+        Unit::Seconds,
+        "End of validity of the HTTP server's TLS certificate (the leaf in use), Unix seconds; alert well before it."
     );
     describe_gauge!(
         MQTT_CONNECTED,
@@ -491,7 +498,7 @@ fn describe() {
     );
     describe_gauge!(
         MQTT_QUEUED,
-        "MQTT messages read from the broker and waiting for a batch (at most 1,024)."
+        "MQTT messages read from the broker and not yet acknowledged (held in the ingest memory budget)."
     );
     describe_counter!(
         MQTT_MESSAGES,

@@ -5,8 +5,10 @@
 //! read whenever the client sent `Content-Length`).
 //!
 //! The reservation comes back with the bytes: a handler keeps it until its answer is sent, so a
-//! batch waiting for the shards still counts. It holds [`HOLD_FACTOR`] times the body, because
-//! the parsed form of a batch lives beside the body for a while.
+//! batch waiting for the shards still counts. It holds the body's buffer times the route's
+//! [`Hold`] factor: 1 where the handler charges what it parses from the body itself (fixes:
+//! [`crate::ingest::Ingest::read_within`]), [`TREE_HOLD_FACTOR`] where the body is parsed into
+//! a JSON tree. A body whose hold could never fit the budget is 413, not a 503 to retry.
 
 use std::time::Duration;
 
@@ -18,8 +20,25 @@ use crate::budget::{MemoryBudget, Reservation};
 use crate::http::error::ApiError;
 use crate::state::AppState;
 
-/// Bytes of budget held per byte of body: the body and its parsed items side by side.
-pub const HOLD_FACTOR: usize = 2;
+pub use crate::budget::TREE_HOLD_FACTOR;
+
+/// How much budget a route's body holds per byte read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    /// The bytes alone: the handler charges what it parses as it parses it.
+    Bytes,
+    /// The bytes and a JSON tree of them ([`TREE_HOLD_FACTOR`]).
+    Tree,
+}
+
+impl Hold {
+    fn factor(self) -> usize {
+        match self {
+            Hold::Bytes => 1,
+            Hold::Tree => TREE_HOLD_FACTOR,
+        }
+    }
+}
 
 /// Which content types a route takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,16 +60,33 @@ pub struct BodyLimits {
     pub timeout: Duration,
     /// The ingest memory budget.
     pub budget: MemoryBudget,
+    /// Budget held per byte read.
+    pub hold: Hold,
 }
 
 impl BodyLimits {
-    /// The service's: `ingest.max_body_bytes`, `server.body_timeout`, its memory budget.
+    /// The service's: `ingest.max_body_bytes`, `server.body_timeout`, its memory budget, for a
+    /// body parsed into a JSON tree ([`Hold::Tree`]).
     pub fn of(st: &AppState) -> BodyLimits {
         BodyLimits {
             max_bytes: st.config().max_body_bytes,
             timeout: Duration::from_millis(st.config().body_timeout.millis().max(1) as u64),
             budget: st.budget().clone(),
+            hold: Hold::Tree,
         }
+    }
+
+    /// The same limits for a route that charges what it parses itself ([`Hold::Bytes`]).
+    pub fn bytes_only(self) -> BodyLimits {
+        BodyLimits {
+            hold: Hold::Bytes,
+            ..self
+        }
+    }
+
+    /// The largest body whose hold can fit the budget at all.
+    fn max_fitting(&self) -> usize {
+        (self.budget.total() / self.hold.factor()).min(self.max_bytes)
     }
 }
 
@@ -61,6 +97,18 @@ pub struct ReadBody {
     pub bytes: Bytes,
     /// Held until dropped (keep it until the answer is sent).
     pub reservation: Reservation,
+    /// The part of `reservation` that stands for the bytes.
+    body_hold: usize,
+}
+
+impl ReadBody {
+    /// Drops the bytes and gives their share of the budget back (what the handler parsed from
+    /// them stays held).
+    pub fn release_bytes(&mut self) {
+        self.bytes = Bytes::new();
+        self.reservation
+            .release(std::mem::take(&mut self.body_hold));
+    }
 }
 
 /// The media type of `headers` (lower case, without parameters), if any.
@@ -158,18 +206,24 @@ pub async fn read(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|s| s.parse::<u64>().ok());
+    let fitting = limits.max_fitting();
     let too_large = || {
-        ApiError::too_large(
-            "body_too_large",
-            format!("request body is larger than {} bytes", limits.max_bytes),
-        )
+        let why = if fitting < limits.max_bytes {
+            format!(
+                "request body is larger than {fitting} bytes, the most this route can hold within the memory budget (ingest.max_queued_bytes)"
+            )
+        } else {
+            format!("request body is larger than {} bytes", limits.max_bytes)
+        };
+        ApiError::too_large("body_too_large", why)
     };
+    let factor = limits.hold.factor();
     let mut reservation = limits.budget.empty();
     if let Some(n) = declared {
-        if n > limits.max_bytes as u64 {
+        if n > fitting as u64 {
             return Err(too_large());
         }
-        if reservation.grow(n as usize * HOLD_FACTOR).is_err() {
+        if reservation.grow(n as usize * factor).is_err() {
             // Refused before a byte is kept. A client that is still sending would see its
             // connection reset and never read the 503, so the body is read and thrown away
             // (nothing of it is held) unless the client waits for `100 Continue`.
@@ -189,10 +243,13 @@ pub async fn read(
             let Ok(data) = frame.into_data() else {
                 continue;
             };
-            if buf.len() + data.len() > limits.max_bytes {
+            if buf.len() + data.len() > fitting {
                 return Err(too_large());
             }
-            let need = (buf.len() + data.len()) * HOLD_FACTOR;
+            // The buffer's capacity is what it holds: a body without `Content-Length` grows it
+            // by doubling.
+            buf.reserve(data.len());
+            let need = buf.capacity() * factor;
             if need > reservation.bytes() && reservation.grow(need - reservation.bytes()).is_err() {
                 drop(buf);
                 discard(body).await;
@@ -216,9 +273,11 @@ pub async fn read(
             ));
         }
     };
+    let body_hold = reservation.bytes();
     Ok(ReadBody {
         bytes: Bytes::from(buf),
         reservation,
+        body_hold,
     })
 }
 
@@ -243,6 +302,7 @@ mod tests {
             max_bytes: max,
             timeout: Duration::from_secs(5),
             budget: MemoryBudget::new(budget),
+            hold: Hold::Bytes,
         }
     }
 
@@ -288,9 +348,28 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(&r.bytes[..], b"[1,]");
-        assert_eq!(l.budget.in_use(), 4 * HOLD_FACTOR);
+        assert_eq!(l.budget.in_use(), 4);
         drop(r);
         assert_eq!(l.budget.in_use(), 0);
+        // A body parsed into a JSON tree holds its tree's share too, and lets it go with the
+        // bytes.
+        let tree = BodyLimits {
+            hold: Hold::Tree,
+            ..l.clone()
+        };
+        let mut r = read(
+            &headers(Some("application/json"), Some(4)),
+            Body::from("[1,]"),
+            Accept::Json,
+            &tree,
+        )
+        .await
+        .unwrap();
+        assert_eq!(l.budget.in_use(), 4 * TREE_HOLD_FACTOR);
+        r.reservation.grow(10).unwrap();
+        r.release_bytes();
+        assert_eq!((l.budget.in_use(), r.bytes.len()), (10, 0));
+        drop(r);
         // Without a content-length (chunked), the budget grows as the bytes come.
         let mut h = headers(Some("application/json"), None);
         h.insert(
@@ -300,12 +379,27 @@ mod tests {
         let r = read(&h, Body::from("12345"), Accept::Json, &l)
             .await
             .unwrap();
-        assert_eq!(r.reservation.bytes(), 5 * HOLD_FACTOR);
+        assert!(r.reservation.bytes() >= 5, "{}", r.reservation.bytes());
     }
 
     #[tokio::test]
     async fn too_large_over_budget_and_wrong_type_are_refused_before_reading() {
         let l = limits(100, 150);
+        // A body that could never fit the budget is 413, not a 503 to retry.
+        let tree = BodyLimits {
+            hold: Hold::Tree,
+            ..l.clone()
+        };
+        let e = read(
+            &headers(Some("application/json"), Some(10)),
+            Body::empty(),
+            Accept::Json,
+            &tree,
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(e.status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert!(e.message.contains("memory budget"), "{}", e.message);
         let e = read(
             &headers(Some("application/json"), Some(101)),
             Body::empty(),
@@ -315,6 +409,7 @@ mod tests {
         .await
         .unwrap_err();
         assert_eq!(e.status, StatusCode::PAYLOAD_TOO_LARGE);
+        let _held = l.budget.try_reserve(100).unwrap();
         let e = read(
             &headers(Some("application/json"), Some(100)),
             Body::empty(),
@@ -334,6 +429,7 @@ mod tests {
         .await
         .unwrap_err();
         assert_eq!(e.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+        drop(_held);
         assert_eq!(l.budget.in_use(), 0);
         // No body declared: nothing to check, an empty body comes back.
         let r = read(&headers(None, None), Body::empty(), Accept::Json, &l)

@@ -14,25 +14,27 @@ use crate::http::openapi::FixBody;
 use crate::ingest::IngestReport;
 use crate::state::AppState;
 
-use crate::wire::{BatchShapeError, Item, read_batch, read_item};
+use crate::ingest::ReadError;
+use crate::wire::{BatchShapeError, Located, locate_batch, locate_ndjson};
+use geodwell_core::fix::Fix;
 
-/// Splits a body into JSON items: NDJSON lines, array elements, or one object.
-pub fn items_of(headers: &HeaderMap, body: &[u8]) -> Result<Vec<Item>, ApiError> {
+/// Locates a body's items: NDJSON lines, array elements, or one object.
+pub fn locate<'a>(headers: &HeaderMap, body: &'a [u8]) -> Result<Located<'a>, ApiError> {
     let ndjson = body::media_type(headers).is_some_and(|mt| body::is_ndjson(&mt));
     if ndjson {
         let text = std::str::from_utf8(body).map_err(|e| {
             ApiError::bad_request("malformed_ndjson", format!("body is not UTF-8: {e}"))
         })?;
-        return Ok(text
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| read_item(l, "line"))
-            .collect());
+        return Ok(locate_ndjson(text));
     }
     let text = std::str::from_utf8(body).map_err(|e| {
         ApiError::bad_request("malformed_json", format!("body is not valid JSON: {e}"))
     })?;
-    read_batch(text).map_err(|e| match e {
+    locate_batch(text).map_err(shape_error)
+}
+
+fn shape_error(e: BatchShapeError) -> ApiError {
+    match e {
         BatchShapeError::NotJson(e) => {
             ApiError::bad_request("malformed_json", format!("body is not valid JSON: {e}"))
         }
@@ -40,7 +42,34 @@ pub fn items_of(headers: &HeaderMap, body: &[u8]) -> Result<Vec<Item>, ApiError>
             "malformed_batch",
             format!("expected a fix object, an array of fixes, or NDJSON; got {kind}"),
         ),
-    })
+    }
+}
+
+/// Reads a body's fixes within `ingest.max_batch` and the memory budget, then lets the body go:
+/// its bytes are dropped and given back to the budget, which from then on holds what the fixes
+/// hold ([`crate::ingest::Ingest::read_within`]) until the answer.
+pub fn read_fixes(
+    st: &AppState,
+    headers: &HeaderMap,
+    body: &mut body::ReadBody,
+) -> Result<Vec<Result<Fix, crate::wire::ItemError>>, ApiError> {
+    let located = locate(headers, &body.bytes)?;
+    check_batch(located.len(), st.config().max_batch)?;
+    let fixes = st
+        .ingest()
+        .read_within(located, &mut body.reservation)
+        .map_err(|e| match e {
+            ReadError::Shape(e) => shape_error(e),
+            ReadError::Budget(_) => ApiError::budget_exhausted(),
+            ReadError::NeverFits { need, total } => ApiError::too_large(
+                "batch_too_large",
+                format!(
+                    "the batch's fixes would hold {need} bytes, more than the whole memory budget of {total} bytes (ingest.max_queued_bytes)"
+                ),
+            ),
+        })?;
+    body.release_bytes();
+    Ok(fixes)
 }
 
 /// Applies a report's outcome to a status: 200 when anything was taken, 422 when every item was
@@ -93,16 +122,14 @@ pub async fn post_fixes(
     body: Body,
 ) -> Result<Json<IngestReport>, ApiError> {
     // The reservation is held until the answer: the batch counts while it waits for the shards.
-    let body = body::read(
+    let mut body = body::read(
         &headers,
         body,
         Accept::JsonOrNdjson,
-        &body::BodyLimits::of(&st),
+        &body::BodyLimits::of(&st).bytes_only(),
     )
     .await?;
-    let items = items_of(&headers, &body.bytes)?;
-    check_batch(items.len(), st.config().max_batch)?;
-    let fixes = st.ingest().parse(items);
+    let fixes = read_fixes(&st, &headers, &mut body)?;
     let report = st.ingest().submit("http", fixes).await?;
     drop(body);
     report_response(report)

@@ -19,10 +19,10 @@ use futures_util::StreamExt;
 use futures_util::stream::FuturesOrdered;
 
 use crate::budget::Reservation;
-use crate::http::body::HOLD_FACTOR;
+use crate::ingest::ReadError;
 use crate::ingest::{BatchError, Dispatched, IngestReport};
 use crate::state::AppState;
-use crate::wire::{BatchShapeError, read_batch};
+use crate::wire::{BatchShapeError, locate_batch};
 
 /// `GET /v1/ingest/ws`.
 #[utoipa::path(get, path = "/v1/ingest/ws", tag = "ingest",
@@ -222,36 +222,54 @@ fn frame(st: &AppState, msg: Option<Result<Message, axum::Error>>) -> FrameActio
         Some(Ok(_)) => return FrameAction::Skip,
     };
     // The frame is in memory already; it counts from here until its answer.
-    let Ok(held) = st.budget().try_reserve(text.len() * HOLD_FACTOR) else {
+    let Ok(mut held) = st.budget().try_reserve(text.len()) else {
         return FrameAction::Fatal(batch_error(BatchError::Overloaded));
     };
-    let items = match read_batch(&text) {
-        Ok(items) => items,
-        Err(BatchShapeError::NotFixOrArray(_)) => {
-            return FrameAction::Fatal(vec![
-                error_frame(
-                    "malformed_batch",
-                    "a frame must be a fix object or an array of fixes",
-                ),
-                close(close_code::INVALID, "frame is not a fix or an array"),
-            ]);
-        }
-        Err(BatchShapeError::NotJson(e)) => {
-            return FrameAction::Fatal(vec![
-                error_frame("malformed_json", &format!("frame is not JSON: {e}")),
-                close(close_code::INVALID, "frame is not JSON"),
-            ]);
-        }
+    let located = match locate_batch(&text) {
+        Ok(located) => located,
+        Err(e) => return FrameAction::Fatal(shape_frames(e)),
     };
-    if items.is_empty() || items.len() > st.config().max_batch {
+    if located.is_empty() || located.len() > st.config().max_batch {
         return FrameAction::Reply(error_frame(
             "bad_batch_size",
             &format!("a frame must hold 1..={} fixes", st.config().max_batch),
         ));
     }
-    let fixes = st.ingest().parse(items);
+    let fixes = match st.ingest().read_within(located, &mut held) {
+        Ok(fixes) => fixes,
+        Err(ReadError::Budget(_)) => {
+            return FrameAction::Fatal(batch_error(BatchError::Overloaded));
+        }
+        Err(ReadError::NeverFits { .. }) => {
+            return FrameAction::Reply(error_frame(
+                "bad_batch_size",
+                "the frame's fixes would hold more than the whole ingest memory budget",
+            ));
+        }
+        Err(ReadError::Shape(e)) => return FrameAction::Fatal(shape_frames(e)),
+    };
+    // The frame's text is not needed any more.
+    held.release(text.len());
+    drop(text);
     match st.ingest().dispatch("ws", fixes) {
         Ok(p) => FrameAction::Dispatched(p, held),
         Err(e) => FrameAction::Fatal(batch_error(e)),
+    }
+}
+
+/// The last frames for a frame that is not a batch.
+fn shape_frames(e: BatchShapeError) -> Vec<Message> {
+    match e {
+        BatchShapeError::NotFixOrArray(_) => vec![
+            error_frame(
+                "malformed_batch",
+                "a frame must be a fix object or an array of fixes",
+            ),
+            close(close_code::INVALID, "frame is not a fix or an array"),
+        ],
+        BatchShapeError::NotJson(e) => vec![
+            error_frame("malformed_json", &format!("frame is not JSON: {e}")),
+            close(close_code::INVALID, "frame is not JSON"),
+        ],
     }
 }

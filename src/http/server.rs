@@ -221,6 +221,9 @@ impl http_body::Body for Counted {
     }
 }
 
+/// The most a connection's read buffer holds (headers must fit in it too).
+pub const READ_BUFFER_BYTES: usize = 64 * 1024;
+
 /// Serves one connection until it ends: gracefully (after the current answer) once
 /// `ctl.close` is cancelled, at once once `ctl.kill` is.
 async fn serve_connection<I>(io: I, router: Router, header_timeout: Duration, ctl: Arc<ConnCtl>)
@@ -244,6 +247,10 @@ where
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
+        // A connection's read buffer is at most this (hyper's default is about 400 kB): with
+        // thousands of connections sending bodies at once, the buffers alone would otherwise
+        // hold more than the memory budget that bounds the bodies themselves.
+        .max_buf_size(READ_BUFFER_BYTES)
         .serve_connection(TokioIo::new(io), service)
         .with_upgrades();
     tokio::pin!(conn);

@@ -1,54 +1,78 @@
 //! MQTT ingest: fixes from topics of an MQTT broker (OwnTracks' MQTT mode and generic JSON),
-//! through the same validation, stamping and durability as `POST /v1/fixes`.
+//! through the same validation, stamping, durability, batch bound and memory budget as
+//! `POST /v1/fixes`.
+//!
+//! The connection speaks MQTT 5, for two of its rules that bound what a broker may send:
+//! - **Maximum Packet Size** (sent in CONNECT as `ingest.max_body_bytes` plus room for the topic):
+//!   the broker must not send a larger message to us; it drops it as if delivered (MQTT 5
+//!   section 3.1.2.11.4). An oversized message is therefore never read, and never redelivered:
+//!   with MQTT 3.1.1 the client could only drop the connection on it, and the broker would send
+//!   it again at every reconnect, stalling all ingest for ever.
+//! - **Receive Maximum** ([`RECEIVE_MAXIMUM`]): at most that many QoS 1 messages are in flight
+//!   to us unacknowledged.
 //!
 //! Invariants:
 //! - A message is acknowledged to the broker (QoS 1 PUBACK, manual acks) only after the batch
 //!   holding its fixes was answered by ingest, i.e. once its effects are durable; a message read
 //!   but not acknowledged (a crash, a shutdown, a broker gone) is delivered again by the broker,
-//!   which keeps the session under the stable client id (`clean_session = false`). A fix seen
-//!   twice is a duplicate to the engine, so redelivery changes no event.
-//! - Acknowledgements go out in the order the messages came (MQTT 3.1.1 asks it of QoS 1).
+//!   which keeps the session under the stable client id (`clean_start = false`, a session that
+//!   does not expire). A fix seen twice is a duplicate to the engine, so redelivery changes no
+//!   event.
+//! - Acknowledgements go out in the order the messages came (MQTT asks it of QoS 1).
+//! - Every message read holds the ingest memory budget from the moment it is read until it is
+//!   acknowledged: its payload, then what its fixes hold ([`crate::ingest::ITEM_HOLD_BYTES`] each;
+//!   an OwnTracks payload, parsed into a JSON tree, [`crate::budget::TREE_HOLD_FACTOR`] times
+//!   its size). While the budget is full no message is read (TCP backpressure holds the broker);
+//!   a message that could never fit the budget is rejected.
+//! - A batch holds at most `ingest.max_batch` fixes and [`BATCH`] messages; a message holding more
+//!   fixes than `ingest.max_batch` is one rejected item, as HTTP answers such a body 413.
 //! - A batch refused as a whole (queues full, store unavailable) is retried, not acknowledged
-//!   and not dropped; an unreadable message is counted as a rejected fix and acknowledged.
+//!   and not dropped; an unreadable or rejected message is counted as a rejected fix and
+//!   acknowledged, so it cannot come back.
 //! - The connection is retried with doubling backoff (0.5 s to 30 s) for as long as the service
 //!   runs; its state is the gauge `geodwell_mqtt_connected`, `GET /readyz`'s `mqtt` and the
-//!   counter `geodwell_mqtt_connects_total{outcome}`.
-//! - Bounded: at most [`QUEUE`] messages wait between the connection and ingest (the broker's
-//!   in-flight window, 20 for Mosquitto by default, is the real bound), a batch holds at most
-//!   [`BATCH`] messages, a message at most `ingest.max_body_bytes`.
+//!   counter `geodwell_mqtt_connects_total{outcome}`; `geodwell_mqtt_queued_messages` counts the
+//!   messages read and not yet acknowledged.
 
 pub mod message;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use metrics::{counter, gauge};
-use rumqttc::{
-    AsyncClient, ConnectReturnCode, Event, EventLoop, MqttOptions, Packet, Publish, QoS, Transport,
-};
+use rumqttc::Transport;
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::{Filter, Packet, Publish, SubscribeReasonCode};
+use rumqttc::v5::{AsyncClient, Event, EventLoop, MqttOptions};
 use serde::Serialize;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::budget::{MemoryBudget, Reservation};
 use crate::config::MqttConfig;
-use crate::ingest::BatchError;
-use crate::ingest::Ingest;
-use crate::outbound::{mqtt_tls, redact_password};
+use crate::ingest::{BatchError, Ingest};
+use crate::outbound::{mqtt_tls, redact_credentials};
 use crate::telemetry as t;
+use crate::wire::ItemError;
 use crate::wire::trackers::percent_decode;
+use geodwell_core::fix::Fix;
 use message::Parsed;
 
-/// Messages read from the broker and not yet taken into a batch.
+/// Messages read from the broker and waiting for the worker (the memory budget is the bound
+/// that matters; this one keeps the channel finite).
 pub const QUEUE: usize = 1024;
-/// Messages per ingest batch (fewer when fewer are waiting).
+/// Messages per ingest batch at most (fewer when fewer are waiting or `ingest.max_batch` fixes
+/// are reached first).
 pub const BATCH: usize = 256;
+/// QoS 1 messages the broker may have in flight to us unacknowledged (MQTT 5 Receive Maximum).
+pub const RECEIVE_MAXIMUM: u16 = 512;
+/// Room for the topic and properties above the payload limit, in the Maximum Packet Size.
+const PACKET_OVERHEAD: usize = 64 * 1024;
 /// MQTT keep-alive.
 const KEEP_ALIVE: Duration = Duration::from_secs(30);
-/// The largest MQTT packet read (MQTT's own maximum). A larger limit would break the
-/// connection on an oversized message, which the broker would then deliver again for ever; a
-/// message over `ingest.max_body_bytes` is read and rejected instead.
-const MAX_PACKET: usize = 256 * 1024 * 1024;
+/// The longest wait between two looks at a full memory budget.
+const BUDGET_WAIT_MAX: Duration = Duration::from_millis(500);
 
 /// The connection's state, for `/readyz`.
 #[derive(Debug, Default)]
@@ -89,33 +113,88 @@ impl MqttStatus {
     }
 }
 
+/// What MQTT ingest is bounded by: the service's own ingest limits.
+#[derive(Debug, Clone)]
+pub struct MqttLimits {
+    /// Largest payload (`ingest.max_body_bytes`).
+    pub max_bytes: usize,
+    /// Most fixes per batch, and per message (`ingest.max_batch`).
+    pub max_batch: usize,
+    /// The ingest memory budget.
+    pub budget: MemoryBudget,
+}
+
+/// Messages read and not yet acknowledged, shown as `geodwell_mqtt_queued_messages`.
+#[derive(Debug, Clone, Default)]
+struct Held(Arc<AtomicUsize>);
+
+impl Held {
+    fn add(&self, n: usize) {
+        let now = self.0.fetch_add(n, Ordering::Relaxed) + n;
+        gauge!(t::MQTT_QUEUED).set(now as f64);
+    }
+
+    fn sub(&self, n: usize) {
+        let now = self.0.fetch_sub(n, Ordering::Relaxed) - n;
+        gauge!(t::MQTT_QUEUED).set(now as f64);
+    }
+}
+
+/// A message read from the broker with the budget it holds.
+struct Msg {
+    publish: Publish,
+    hold: Reservation,
+    /// The part of `hold` that stands for the payload.
+    payload_share: usize,
+    /// Whether its payload could never fit the budget (it is rejected unread).
+    too_large: bool,
+}
+
+impl Msg {
+    /// Back to holding its payload alone (a read that did not fit gives back what it took).
+    fn reset(&mut self) {
+        let extra = self.hold.bytes().saturating_sub(self.payload_share);
+        self.hold.release(extra);
+    }
+
+    /// Its fixes are read: the payload goes (the acknowledgement needs only the packet id).
+    fn drop_payload(&mut self) {
+        self.publish.payload = bytes::Bytes::new();
+        self.hold.release(std::mem::take(&mut self.payload_share));
+    }
+}
+
 /// Starts reading fixes from the broker of `cfg` into `st`'s ingest until `stop`; the task is
 /// tracked by `tasks`, so shutdown waits for its last batch and acknowledgements. `st` is
-/// whatever holds the service's ingest (the service's state); messages over `max_bytes` are
-/// rejected.
+/// whatever holds the service's ingest (the service's state).
 pub fn spawn<S: AsRef<Ingest> + Send + Sync + 'static>(
     cfg: MqttConfig,
     st: Arc<S>,
-    max_bytes: usize,
+    limits: MqttLimits,
     tasks: &tokio_util::task::TaskTracker,
     status: Arc<MqttStatus>,
     stop: CancellationToken,
 ) {
     gauge!(t::MQTT_CONNECTED).set(0.0);
     gauge!(t::MQTT_QUEUED).set(0.0);
-    tasks.spawn(run(cfg, st, max_bytes, status, stop));
+    tasks.spawn(run(cfg, st, limits, status, stop));
 }
 
-fn options(cfg: &MqttConfig) -> Result<MqttOptions, String> {
+fn options(cfg: &MqttConfig, max_bytes: usize) -> Result<MqttOptions, String> {
     let u = reqwest::Url::parse(&cfg.url).map_err(|e| e.to_string())?;
     let tls = u.scheme() == "mqtts";
     let host = u.host_str().unwrap_or_default().to_string();
     let port = u.port().unwrap_or(if tls { 8883 } else { 1883 });
-    let mut o = MqttOptions::new(cfg.client_id.clone(), host.clone(), port);
+    let mut o = MqttOptions::new(cfg.client_id.clone(), host, port);
     o.set_keep_alive(KEEP_ALIVE);
-    o.set_clean_session(false);
+    o.set_clean_start(false);
+    // The session outlives the connection (MQTT 5's default ends it at disconnect): messages
+    // that arrive while geodwell is down wait for it, as MQTT 3.1.1's persistent sessions do.
+    o.set_session_expiry_interval(Some(u32::MAX));
     o.set_manual_acks(true);
-    o.set_max_packet_size(MAX_PACKET, 1 << 20);
+    o.set_receive_maximum(Some(RECEIVE_MAXIMUM));
+    let max_packet = u32::try_from(max_bytes.saturating_add(PACKET_OVERHEAD)).unwrap_or(u32::MAX);
+    o.set_max_packet_size(Some(max_packet));
     if !u.username().is_empty() {
         o.set_credentials(
             percent_decode(u.username(), false),
@@ -133,11 +212,11 @@ fn options(cfg: &MqttConfig) -> Result<MqttOptions, String> {
 async fn run<S: AsRef<Ingest> + Send + Sync + 'static>(
     cfg: MqttConfig,
     st: Arc<S>,
-    max_bytes: usize,
+    limits: MqttLimits,
     status: Arc<MqttStatus>,
     stop: CancellationToken,
 ) {
-    let opts = match options(&cfg) {
+    let opts = match options(&cfg, limits.max_bytes) {
         Ok(o) => o,
         Err(e) => {
             tracing::error!(error = %e, "MQTT ingest cannot start");
@@ -145,11 +224,20 @@ async fn run<S: AsRef<Ingest> + Send + Sync + 'static>(
             return;
         }
     };
-    // The URL as logs show it (no password).
-    let shown = redact_password(&cfg.url);
+    // The URL as logs show it (no credentials).
+    let shown = redact_credentials(&cfg.url);
     let (client, mut el) = AsyncClient::new(opts, QUEUE);
-    let (tx, rx) = mpsc::channel::<Publish>(QUEUE);
-    let worker = tokio::spawn(work(rx, client.clone(), st, max_bytes, stop.clone()));
+    let (tx, rx) = mpsc::channel::<Msg>(QUEUE);
+    let held = Held::default();
+    let budget = limits.budget.clone();
+    let worker = tokio::spawn(work(
+        rx,
+        client.clone(),
+        st,
+        limits,
+        held.clone(),
+        stop.clone(),
+    ));
     let mut tx = Some(tx);
     let mut backoff = Duration::from_millis(500);
     let mut worker = std::pin::pin!(worker);
@@ -163,13 +251,6 @@ async fn run<S: AsRef<Ingest> + Send + Sync + 'static>(
         };
         match ev {
             Ok(Event::Incoming(Packet::ConnAck(a))) => {
-                if a.code != ConnectReturnCode::Success {
-                    let e = format!("the broker refused the connection: {:?}", a.code);
-                    counter!(t::MQTT_CONNECTS, "outcome" => "refused").increment(1);
-                    status.set(false, Some(e.clone()));
-                    tracing::warn!(url = %shown, error = %e, "MQTT connection refused");
-                    continue;
-                }
                 counter!(t::MQTT_CONNECTS, "outcome" => "connected").increment(1);
                 status.set(true, None);
                 backoff = Duration::from_millis(500);
@@ -177,7 +258,7 @@ async fn run<S: AsRef<Ingest> + Send + Sync + 'static>(
                 let filters = cfg
                     .topics
                     .iter()
-                    .map(|t| rumqttc::SubscribeFilter::new(t.clone(), QoS::AtLeastOnce));
+                    .map(|t| Filter::new(t.clone(), QoS::AtLeastOnce));
                 if let Err(e) = client.try_subscribe_many(filters) {
                     tracing::warn!(error = %e, "MQTT subscribe could not be queued");
                 }
@@ -186,27 +267,34 @@ async fn run<S: AsRef<Ingest> + Send + Sync + 'static>(
                 let failed = a
                     .return_codes
                     .iter()
-                    .filter(|c| matches!(c, rumqttc::SubscribeReasonCode::Failure))
+                    .filter(|c| !matches!(c, SubscribeReasonCode::Success(_)))
                     .count();
                 if failed > 0 {
-                    tracing::error!(failed, topics = ?cfg.topics, "the broker refused MQTT subscriptions (check its ACLs)");
+                    tracing::error!(failed, topics = ?cfg.topics, codes = ?a.return_codes, "the broker refused MQTT subscriptions (check its ACLs)");
                 }
             }
             // A message read after the stop (`tx` gone) is left unacknowledged for the next
             // session.
             Ok(Event::Incoming(Packet::Publish(p))) => {
-                if let Some(tx) = &tx
-                    && tx.send(p).await.is_err()
-                {
+                let Some(tx_now) = &tx else { continue };
+                let Some(msg) = hold(p, &budget, &stop).await else {
+                    continue;
+                };
+                held.add(1);
+                if tx_now.send(msg).await.is_err() {
                     break;
                 }
             }
             Ok(_) => {}
             Err(e) => {
                 let was_up = status.connected.load(Ordering::Relaxed);
-                counter!(t::MQTT_CONNECTS, "outcome" => "failed").increment(1);
+                let refused = matches!(e, rumqttc::v5::ConnectionError::ConnectionRefused(_));
+                let outcome = if refused { "refused" } else { "failed" };
+                counter!(t::MQTT_CONNECTS, "outcome" => outcome).increment(1);
                 status.set(false, Some(e.to_string()));
-                if was_up {
+                if refused {
+                    tracing::warn!(url = %shown, error = %e, "MQTT connection refused (the broker must speak MQTT 5)");
+                } else if was_up {
                     tracing::warn!(url = %shown, error = %e, "MQTT connection lost; reconnecting");
                 } else {
                     tracing::debug!(url = %shown, error = %e, retry_in = ?backoff, "MQTT connection failed");
@@ -223,6 +311,46 @@ async fn run<S: AsRef<Ingest> + Send + Sync + 'static>(
     status.set(false, None);
 }
 
+/// The budget share of a payload as read: an OwnTracks payload is parsed into a JSON tree, any
+/// other is located in place and its fixes charged as they are read.
+fn payload_hold(topic: &[u8], payload_len: usize) -> usize {
+    if message::is_owntracks(topic) {
+        payload_len.saturating_mul(crate::budget::TREE_HOLD_FACTOR)
+    } else {
+        payload_len
+    }
+}
+
+/// Holds a message's share of the budget, waiting (not reading more) while the budget is full.
+/// `None` when the service stops first: the message stays unacknowledged for the next session.
+async fn hold(p: Publish, budget: &MemoryBudget, stop: &CancellationToken) -> Option<Msg> {
+    let need = payload_hold(&p.topic, p.payload.len());
+    if need > budget.total() {
+        return Some(Msg {
+            publish: p,
+            hold: budget.empty(),
+            payload_share: 0,
+            too_large: true,
+        });
+    }
+    let mut wait = Duration::from_millis(5);
+    loop {
+        if let Ok(hold) = budget.try_reserve(need) {
+            return Some(Msg {
+                publish: p,
+                hold,
+                payload_share: need,
+                too_large: false,
+            });
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return None,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        wait = (wait * 2).min(BUDGET_WAIT_MAX);
+    }
+}
+
 /// Sends the acknowledgements still queued and a DISCONNECT, within a second.
 async fn disconnect(client: &AsyncClient, el: &mut EventLoop) {
     let _ = client.try_disconnect();
@@ -237,55 +365,135 @@ async fn disconnect(client: &AsyncClient, el: &mut EventLoop) {
     .await;
 }
 
+type Fixes = Vec<Result<Fix, ItemError>>;
+
+/// A batch being gathered: its messages (to acknowledge) and their fixes.
+#[derive(Default)]
+struct Batch {
+    msgs: Vec<Msg>,
+    fixes: Fixes,
+}
+
+/// What reading one message gave.
+enum Read {
+    Fixes(Fixes),
+    /// Its fixes do not fit the budget now: try again once the batch before it is answered.
+    NoRoom,
+}
+
 /// Takes messages in batches, ingests them, and acknowledges them once durable.
 async fn work<S: AsRef<Ingest> + Send + Sync + 'static>(
-    mut rx: mpsc::Receiver<Publish>,
+    mut rx: mpsc::Receiver<Msg>,
     client: AsyncClient,
     st: Arc<S>,
-    max_bytes: usize,
+    limits: MqttLimits,
+    held: Held,
     stop: CancellationToken,
 ) {
-    while let Some(first) = rx.recv().await {
-        let mut batch = vec![first];
-        while batch.len() < BATCH {
-            match rx.try_recv() {
-                Ok(p) => batch.push(p),
-                Err(_) => break,
-            }
-        }
-        counter!(t::MQTT_MESSAGES).increment(batch.len() as u64);
-        gauge!(t::MQTT_QUEUED).set(rx.len() as f64);
-        let ingest = (*st).as_ref();
-        let (limits, now) = (ingest.limits(), ingest.now());
-        let mut fixes = Vec::new();
-        for p in &batch {
-            match message::parse(&p.topic, &p.payload, max_bytes) {
-                Parsed::Items(items) => fixes.extend(ingest.parse(items)),
-                Parsed::Tracker(f) => fixes.push(message::tracker_fix(f, limits, now)),
-                Parsed::Bad(e) => fixes.push(Err(e)),
-                Parsed::Nothing(why) => {
-                    tracing::trace!(topic = %p.topic, why, "MQTT message holds no fix");
+    // A message read but not taken into the last batch (its fixes would have made the batch
+    // too large, or did not fit the budget beside it).
+    let mut carry: Option<Msg> = None;
+    loop {
+        let first = match carry.take() {
+            Some(m) => m,
+            None => match rx.recv().await {
+                Some(m) => m,
+                None => return,
+            },
+        };
+        let mut batch = Batch::default();
+        let mut next = Some(first);
+        while let Some(mut m) = next.take() {
+            match read(&st, &mut m, &limits) {
+                Read::Fixes(f) if batch.fixes.len() + f.len() <= limits.max_batch => {
+                    batch.fixes.extend(f);
+                    batch.msgs.push(m);
+                }
+                Read::NoRoom if batch.msgs.is_empty() => {
+                    // Nothing of ours holds the budget: wait for others to give it back.
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(BUDGET_WAIT_MAX) => {}
+                    }
+                    next = Some(m);
+                    continue;
+                }
+                // Too many fixes beside this batch, or no room beside it: next batch.
+                _ => {
+                    carry = Some(m);
+                    break;
                 }
             }
+            if batch.msgs.len() < BATCH {
+                next = rx.try_recv().ok();
+            }
         }
-        if !fixes.is_empty() && !submit((*st).as_ref(), fixes, &stop).await {
+        counter!(t::MQTT_MESSAGES).increment(batch.msgs.len() as u64);
+        if !batch.fixes.is_empty() && !submit((*st).as_ref(), batch.fixes, &stop).await {
             // Shutting down with this batch not taken: it stays unacknowledged.
             return;
         }
-        for p in &batch {
-            if client.ack(p).await.is_err() {
+        for m in &batch.msgs {
+            if client.ack(&m.publish).await.is_err() {
                 return;
             }
+        }
+        held.sub(batch.msgs.len());
+    }
+}
+
+/// Reads one message's fixes, charging what they hold to its reservation. A message that
+/// cannot be read, holds too many fixes or could never fit the budget is one rejected item.
+fn read<S: AsRef<Ingest>>(st: &Arc<S>, m: &mut Msg, limits: &MqttLimits) -> Read {
+    let ingest = (**st).as_ref();
+    let topic = String::from_utf8_lossy(&m.publish.topic).into_owned();
+    let too_large = || {
+        ItemError::InvalidFix(format!(
+            "the message is {} bytes; its fixes do not fit the ingest memory budget (ingest.max_queued_bytes)",
+            m.publish.payload.len()
+        ))
+    };
+    if m.too_large {
+        return Read::Fixes(vec![Err(too_large())]);
+    }
+    let parsed = message::parse(
+        &topic,
+        &m.publish.payload,
+        limits.max_bytes,
+        limits.max_batch,
+        |located| ingest.read_within(located, &mut m.hold),
+        ingest.limits(),
+        ingest.now(),
+    );
+    match parsed {
+        Parsed::Fixes(f) => {
+            // The batch keeps a copy of its fixes to submit again after a refusal.
+            let copy = f.len() * std::mem::size_of::<Result<Fix, ItemError>>();
+            if m.hold.grow(copy).is_err() {
+                m.reset();
+                return Read::NoRoom;
+            }
+            m.drop_payload();
+            Read::Fixes(f)
+        }
+        Parsed::NoRoom => {
+            m.reset();
+            Read::NoRoom
+        }
+        Parsed::Bad(e) => {
+            m.drop_payload();
+            Read::Fixes(vec![Err(e)])
+        }
+        Parsed::Nothing(why) => {
+            tracing::trace!(%topic, why, "MQTT message holds no fix");
+            m.drop_payload();
+            Read::Fixes(Vec::new())
         }
     }
 }
 
 /// Submits until the batch is taken (true) or the service stops (false).
-async fn submit(
-    ingest: &Ingest,
-    fixes: Vec<Result<geodwell_core::fix::Fix, crate::wire::ItemError>>,
-    stop: &CancellationToken,
-) -> bool {
+async fn submit(ingest: &Ingest, fixes: Fixes, stop: &CancellationToken) -> bool {
     let mut delay = Duration::from_millis(100);
     loop {
         match ingest.submit("mqtt", fixes.clone()).await {
