@@ -26,6 +26,7 @@ mod hardening;
 mod lifecycle;
 mod mqtt;
 mod openapi;
+mod probe;
 mod replay;
 mod simulate;
 mod trackers;

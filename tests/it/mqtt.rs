@@ -570,3 +570,189 @@ async fn a_broker_restart_and_a_kill_9_lose_no_fix_and_no_event() {
     drop(sub);
     drop(child);
 }
+
+/// Publishes a file's content with `mosquitto_pub -f` (large payloads), QoS 1.
+fn publish_file(port: u16, topic: &str, file: &std::path::Path) -> bool {
+    Command::new("mosquitto_pub")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-q", "1"])
+        .args(["-t", topic, "-f"])
+        .arg(file)
+        .stderr(Stdio::null())
+        .status()
+        .expect("mosquitto_pub runs")
+        .success()
+}
+
+/// A JSON array of `n` fixes inside the square, devices `{prefix}{k}`.
+fn fixes_array(prefix: &str, n: usize, secs: i64) -> String {
+    let fixes: Vec<Value> = (0..n)
+        .map(|k| fix(&format!("{prefix}{k}"), secs, true))
+        .collect();
+    json!(fixes).to_string()
+}
+
+/// MQTT ingest keeps HTTP's bounds: a message holding more than `ingest.max_batch` fixes is one
+/// rejected item (HTTP answers such a body 413), and a message larger than
+/// `ingest.max_body_bytes` is never read at all: MQTT 5's Maximum Packet Size has the broker
+/// drop it, so it neither costs memory nor comes back at every reconnect to stall ingest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_messages_are_held_to_max_batch_and_max_body_bytes() {
+    let run = run_id("mb");
+    let broker = Broker::start();
+    let port = broker.port;
+    let srv = start(&format!(
+        "[time]\nclock = \"event\"\nlateness = \"0s\"\n[ingest]\nmax_batch = 1000\n\
+         max_body_bytes = 1048576\n[mqtt]\nurl = \"mqtt://127.0.0.1:{port}\"\n\
+         topics = [\"gd/{run}/#\"]\nclient_id = \"{run}\"\n"
+    ))
+    .await;
+    wait_connected(&srv.http, &srv.base).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let rejected = |m: &str| metric(m, "geodwell_fixes_rejected_total{reason=\"invalid_fix\"}");
+    let before = rejected(&srv.metrics().await);
+    // 1,500 fixes in one message: over max_batch.
+    assert!(publish(
+        port,
+        &format!("gd/{run}/a"),
+        &fixes_array("big-", 1500, 1)
+    ));
+    // 4 MB, over max_body_bytes, at QoS 1 on the persistent session.
+    let dir = temp_dir();
+    let huge = dir.path().join("huge.json");
+    std::fs::write(&huge, fixes_array("huge-", 70_000, 1)).unwrap();
+    assert!(std::fs::metadata(&huge).unwrap().len() > 4_000_000);
+    assert!(publish_file(port, &format!("gd/{run}/b"), &huge));
+    // A good fix after both.
+    assert!(publish(
+        port,
+        &format!("gd/{run}/c"),
+        &fix("after", 2, true).to_string()
+    ));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while srv.get("/v1/devices/after").await.0 != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "the fix after them never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let m = srv.metrics().await;
+    assert_eq!(
+        rejected(&m) - before,
+        1.0,
+        "the over-max_batch message is one rejected item; the oversized one never reached ingest"
+    );
+    assert_eq!(srv.get("/v1/devices/big-0").await.0, 404);
+    assert_eq!(srv.get("/v1/devices/huge-0").await.0, 404);
+    // Nothing made the connection drop and come back.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let m = srv.metrics().await;
+    assert_eq!(
+        metric(&m, "geodwell_mqtt_connects_total{outcome=\"connected\"}"),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(metric(&m, "geodwell_mqtt_queued_messages"), 0.0);
+    srv.stop().await;
+    drop(broker);
+}
+
+/// MQTT messages hold the ingest memory budget from the moment they are read until they are
+/// acknowledged, so twenty 6 MB messages at QoS 1 keep the server process's peak memory within
+/// its baseline plus the budget, and every fix still arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_ingest_stays_within_the_memory_budget() {
+    let run = run_id("mm");
+    let broker = Broker::start();
+    let port = broker.port;
+    let dir = temp_dir();
+    let url = format!("mqtt://127.0.0.1:{port}");
+    let budget: u64 = 64 << 20;
+    let budget_s = budget.to_string();
+    let topics = format!("gd/{run}/#");
+    let env = [
+        ("GEODWELL_MQTT_URL", url.as_str()),
+        ("GEODWELL_MQTT_TOPICS", topics.as_str()),
+        ("GEODWELL_MQTT_CLIENT_ID", run.as_str()),
+        ("GEODWELL_MAX_QUEUED_BYTES", budget_s.as_str()),
+        ("GEODWELL_DURABILITY", "none"),
+    ];
+    let http = reqwest::Client::new();
+    let (child, base) = spawn_bin(dir.path(), "0s", &env);
+    wait_connected(&http, &base).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pid = child.id();
+    let base_rss = rss(pid).0;
+    const MESSAGES: usize = 20;
+    const PER: usize = 80_000;
+    let files = temp_dir();
+    for m in 0..MESSAGES {
+        let f = files.path().join(format!("m{m}.json"));
+        std::fs::write(&f, fixes_array(&format!("m{m}-"), PER, 1)).unwrap();
+        assert!(publish_file(port, &format!("gd/{run}/x"), &f));
+    }
+    let size = std::fs::metadata(files.path().join("m0.json"))
+        .unwrap()
+        .len();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let m = http
+            .get(format!("{base}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let taken = metric(&m, "geodwell_fixes_received_total{transport=\"mqtt\"}");
+        if taken as usize >= MESSAGES * PER && metric(&m, "geodwell_mqtt_queued_messages") == 0.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "only {taken} fixes arrived");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let peak = rss(pid).1;
+    eprintln!(
+        "{MESSAGES} x {} MB over MQTT: RSS before {} MB, peak {} MB, budget {} MB",
+        size >> 20,
+        base_rss >> 20,
+        peak >> 20,
+        budget >> 20
+    );
+    for m in [0, MESSAGES - 1] {
+        let (s, _) = (
+            http.get(format!("{base}/v1/devices/m{m}-{}", PER - 1))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16(),
+            (),
+        );
+        assert_eq!(s, 200, "message {m}'s fixes were applied");
+    }
+    let slack: u64 = 160 << 20;
+    assert!(
+        peak < base_rss + budget + slack,
+        "peak RSS {} MB over the baseline {} MB + budget {} MB + {} MB",
+        peak >> 20,
+        base_rss >> 20,
+        budget >> 20,
+        slack >> 20
+    );
+    drop(child);
+    drop(broker);
+}
+
+/// A process's resident and peak resident memory, bytes (from /proc).
+fn rss(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
