@@ -100,6 +100,24 @@ pub fn heap_bytes(items: &[Result<Fix, ItemError>]) -> usize {
         .sum()
 }
 
+/// What a reader charges for the items of a batch beyond [`ITEM_HOLD_BYTES`], and the most its
+/// hold may reach.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Charge {
+    /// Bytes per item the caller keeps besides (a copy of the batch, say).
+    pub extra_per_item: usize,
+    /// The most the hold may reach (capped at the whole budget).
+    pub ceiling: usize,
+}
+
+impl Charge {
+    /// A request's: nothing extra, up to the whole budget.
+    pub const REQUEST: Charge = Charge {
+        extra_per_item: 0,
+        ceiling: usize::MAX,
+    };
+}
+
 /// Why a located batch was not read.
 #[derive(Debug)]
 pub enum ReadError {
@@ -107,11 +125,11 @@ pub enum ReadError {
     Shape(BatchShapeError),
     /// The memory budget has no room for its items now.
     Budget(Exhausted),
-    /// Its items hold more than the whole budget: it can never be taken.
+    /// Its items hold more than the budget could ever give it: it can never be taken.
     NeverFits {
         /// Bytes they would hold.
         need: usize,
-        /// The budget.
+        /// The most it could hold (the whole budget, or the caller's ceiling).
         total: usize,
     },
 }
@@ -184,19 +202,25 @@ impl Ingest {
     }
 
     /// Reads and validates a located batch within the memory budget: [`ITEM_HOLD_BYTES`] per
-    /// item are added to `hold` before anything is read (refused at once when they do not fit),
-    /// then the heap the items hold ([`heap_bytes`]). The caller gives back what its text held
+    /// item (plus `charge.extra_per_item`, for a caller that keeps more of each) are added to
+    /// `hold` before anything is read (refused at once when they do not fit), then the heap the
+    /// items hold ([`heap_bytes`]). A batch that would take `hold` over `charge.ceiling` bytes
+    /// (at most the whole budget) can never be taken. The caller gives back what its text held
     /// once it drops the text.
     pub fn read_within(
         &self,
         located: Located<'_>,
         hold: &mut Reservation,
+        charge: Charge,
     ) -> Result<Vec<Result<Fix, ItemError>>, ReadError> {
-        let need = located.len().saturating_mul(ITEM_HOLD_BYTES);
-        if need.saturating_add(hold.bytes()) > hold.budget_total() {
+        let per_item = ITEM_HOLD_BYTES + charge.extra_per_item;
+        let need = located.len().saturating_mul(per_item);
+        let ceiling = charge.ceiling;
+        let ceiling = ceiling.min(hold.budget_total());
+        if need.saturating_add(hold.bytes()) > ceiling {
             return Err(ReadError::NeverFits {
                 need,
-                total: hold.budget_total(),
+                total: ceiling,
             });
         }
         hold.grow(need).map_err(ReadError::Budget)?;

@@ -14,7 +14,7 @@ use crate::http::openapi::FixBody;
 use crate::ingest::IngestReport;
 use crate::state::AppState;
 
-use crate::ingest::ReadError;
+use crate::ingest::{Charge, ReadError};
 use crate::wire::{BatchShapeError, Located, locate_batch, locate_ndjson};
 use geodwell_core::fix::Fix;
 
@@ -57,7 +57,7 @@ pub fn read_fixes(
     check_batch(located.len(), st.config().max_batch)?;
     let fixes = st
         .ingest()
-        .read_within(located, &mut body.reservation)
+        .read_within(located, &mut body.reservation, Charge::REQUEST)
         .map_err(|e| match e {
             ReadError::Shape(e) => shape_error(e),
             ReadError::Budget(_) => ApiError::budget_exhausted(),

@@ -19,8 +19,8 @@ use futures_util::StreamExt;
 use futures_util::stream::FuturesOrdered;
 
 use crate::budget::Reservation;
-use crate::ingest::ReadError;
 use crate::ingest::{BatchError, Dispatched, IngestReport};
+use crate::ingest::{Charge, ReadError};
 use crate::state::AppState;
 use crate::wire::{BatchShapeError, locate_batch};
 
@@ -235,7 +235,7 @@ fn frame(st: &AppState, msg: Option<Result<Message, axum::Error>>) -> FrameActio
             &format!("a frame must hold 1..={} fixes", st.config().max_batch),
         ));
     }
-    let fixes = match st.ingest().read_within(located, &mut held) {
+    let fixes = match st.ingest().read_within(located, &mut held, Charge::REQUEST) {
         Ok(fixes) => fixes,
         Err(ReadError::Budget(_)) => {
             return FrameAction::Fatal(batch_error(BatchError::Overloaded));

@@ -22,8 +22,12 @@
 //! - Every message read holds the ingest memory budget from the moment it is read until it is
 //!   acknowledged: its payload, then what its fixes hold ([`crate::ingest::ITEM_HOLD_BYTES`] each;
 //!   an OwnTracks payload, parsed into a JSON tree, [`crate::budget::TREE_HOLD_FACTOR`] times
-//!   its size). While the budget is full no message is read (TCP backpressure holds the broker);
-//!   a message that could never fit the budget is rejected.
+//!   its size). While the budget is full no message is read (TCP backpressure holds the broker).
+//! - Messages read but not yet parsed hold at most a quarter of the budget ([`ReadAhead`]), and a
+//!   message may hold at most the other three quarters once parsed: so the worker can always
+//!   parse the message in front of it once other users of the budget give theirs back, and
+//!   never waits for room that only the messages queued behind it hold. A message that could
+//!   never fit is rejected.
 //! - A batch holds at most `ingest.max_batch` fixes and [`BATCH`] messages; a message holding more
 //!   fixes than `ingest.max_batch` is one rejected item, as HTTP answers such a body 413.
 //! - A batch refused as a whole (queues full, store unavailable) is retried, not acknowledged
@@ -51,7 +55,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::budget::{MemoryBudget, Reservation};
 use crate::config::MqttConfig;
-use crate::ingest::{BatchError, Ingest};
+use crate::ingest::{BatchError, Charge, Ingest};
 use crate::outbound::{mqtt_tls, redact_credentials};
 use crate::telemetry as t;
 use crate::wire::ItemError;
@@ -140,6 +144,41 @@ impl Held {
     }
 }
 
+/// Payload bytes of messages read but not yet parsed, bounded to a quarter of the budget (see
+/// the module docs: the worker's room to parse).
+#[derive(Debug, Clone)]
+struct ReadAhead {
+    queued: Arc<AtomicUsize>,
+    cap: usize,
+}
+
+impl ReadAhead {
+    fn new(budget: &MemoryBudget) -> ReadAhead {
+        ReadAhead {
+            queued: Arc::new(AtomicUsize::new(0)),
+            cap: budget.total() / 4,
+        }
+    }
+
+    /// Takes `n` bytes when they fit (one message always fits an empty read-ahead).
+    fn try_take(&self, n: usize) -> bool {
+        self.queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                (q == 0 || q + n <= self.cap).then_some(q + n)
+            })
+            .is_ok()
+    }
+
+    fn give(&self, n: usize) {
+        self.queued.fetch_sub(n, Ordering::AcqRel);
+    }
+
+    /// The most a parsed message may hold: the budget less the read-ahead.
+    fn ceiling(&self, budget: &MemoryBudget) -> usize {
+        budget.total() - self.cap
+    }
+}
+
 /// A message read from the broker with the budget it holds.
 struct Msg {
     publish: Publish,
@@ -157,10 +196,13 @@ impl Msg {
         self.hold.release(extra);
     }
 
-    /// Its fixes are read: the payload goes (the acknowledgement needs only the packet id).
-    fn drop_payload(&mut self) {
+    /// Its fixes are read: the payload goes (the acknowledgement needs only the packet id), and
+    /// with it its place in the read-ahead.
+    fn drop_payload(&mut self, ahead: &ReadAhead) {
         self.publish.payload = bytes::Bytes::new();
-        self.hold.release(std::mem::take(&mut self.payload_share));
+        let share = std::mem::take(&mut self.payload_share);
+        self.hold.release(share);
+        ahead.give(share);
     }
 }
 
@@ -230,11 +272,12 @@ async fn run<S: AsRef<Ingest> + Send + Sync + 'static>(
     let (tx, rx) = mpsc::channel::<Msg>(QUEUE);
     let held = Held::default();
     let budget = limits.budget.clone();
+    let ahead = ReadAhead::new(&budget);
     let worker = tokio::spawn(work(
         rx,
         client.clone(),
         st,
-        limits,
+        (limits, ahead.clone()),
         held.clone(),
         stop.clone(),
     ));
@@ -277,7 +320,7 @@ async fn run<S: AsRef<Ingest> + Send + Sync + 'static>(
             // session.
             Ok(Event::Incoming(Packet::Publish(p))) => {
                 let Some(tx_now) = &tx else { continue };
-                let Some(msg) = hold(p, &budget, &stop).await else {
+                let Some(msg) = hold(p, &budget, &ahead, &stop).await else {
                     continue;
                 };
                 held.add(1);
@@ -323,9 +366,14 @@ fn payload_hold(topic: &[u8], payload_len: usize) -> usize {
 
 /// Holds a message's share of the budget, waiting (not reading more) while the budget is full.
 /// `None` when the service stops first: the message stays unacknowledged for the next session.
-async fn hold(p: Publish, budget: &MemoryBudget, stop: &CancellationToken) -> Option<Msg> {
+async fn hold(
+    p: Publish,
+    budget: &MemoryBudget,
+    ahead: &ReadAhead,
+    stop: &CancellationToken,
+) -> Option<Msg> {
     let need = payload_hold(&p.topic, p.payload.len());
-    if need > budget.total() {
+    if need > ahead.ceiling(budget) {
         return Some(Msg {
             publish: p,
             hold: budget.empty(),
@@ -335,13 +383,16 @@ async fn hold(p: Publish, budget: &MemoryBudget, stop: &CancellationToken) -> Op
     }
     let mut wait = Duration::from_millis(5);
     loop {
-        if let Ok(hold) = budget.try_reserve(need) {
-            return Some(Msg {
-                publish: p,
-                hold,
-                payload_share: need,
-                too_large: false,
-            });
+        if ahead.try_take(need) {
+            if let Ok(hold) = budget.try_reserve(need) {
+                return Some(Msg {
+                    publish: p,
+                    hold,
+                    payload_share: need,
+                    too_large: false,
+                });
+            }
+            ahead.give(need);
         }
         tokio::select! {
             _ = stop.cancelled() => return None,
@@ -386,28 +437,39 @@ async fn work<S: AsRef<Ingest> + Send + Sync + 'static>(
     mut rx: mpsc::Receiver<Msg>,
     client: AsyncClient,
     st: Arc<S>,
-    limits: MqttLimits,
+    (limits, ahead): (MqttLimits, ReadAhead),
     held: Held,
     stop: CancellationToken,
 ) {
-    // A message read but not taken into the last batch (its fixes would have made the batch
-    // too large, or did not fit the budget beside it).
-    let mut carry: Option<Msg> = None;
+    // A message read but not taken into the last batch, with its fixes once read (they would
+    // have made the batch too large), or without (they did not fit the budget beside it).
+    let mut carry: Option<(Msg, Option<Fixes>)> = None;
     loop {
         let first = match carry.take() {
-            Some(m) => m,
+            Some(c) => c,
             None => match rx.recv().await {
-                Some(m) => m,
+                Some(m) => (m, None),
                 None => return,
             },
         };
         let mut batch = Batch::default();
         let mut next = Some(first);
-        while let Some(mut m) = next.take() {
-            match read(&st, &mut m, &limits) {
-                Read::Fixes(f) if batch.fixes.len() + f.len() <= limits.max_batch => {
+        while let Some((mut m, done)) = next.take() {
+            let r = match done {
+                Some(f) => Read::Fixes(f),
+                None => read(&st, &mut m, &limits, &ahead),
+            };
+            match r {
+                // A message alone never holds more than max_batch fixes (`message::parse`).
+                Read::Fixes(f)
+                    if batch.msgs.is_empty() || batch.fixes.len() + f.len() <= limits.max_batch =>
+                {
                     batch.fixes.extend(f);
                     batch.msgs.push(m);
+                }
+                Read::Fixes(f) => {
+                    carry = Some((m, Some(f)));
+                    break;
                 }
                 Read::NoRoom if batch.msgs.is_empty() => {
                     // Nothing of ours holds the budget: wait for others to give it back.
@@ -415,17 +477,16 @@ async fn work<S: AsRef<Ingest> + Send + Sync + 'static>(
                         _ = stop.cancelled() => return,
                         _ = tokio::time::sleep(BUDGET_WAIT_MAX) => {}
                     }
-                    next = Some(m);
+                    next = Some((m, None));
                     continue;
                 }
-                // Too many fixes beside this batch, or no room beside it: next batch.
-                _ => {
-                    carry = Some(m);
+                Read::NoRoom => {
+                    carry = Some((m, None));
                     break;
                 }
             }
             if batch.msgs.len() < BATCH {
-                next = rx.try_recv().ok();
+                next = rx.try_recv().ok().map(|m| (m, None));
             }
         }
         counter!(t::MQTT_MESSAGES).increment(batch.msgs.len() as u64);
@@ -444,7 +505,12 @@ async fn work<S: AsRef<Ingest> + Send + Sync + 'static>(
 
 /// Reads one message's fixes, charging what they hold to its reservation. A message that
 /// cannot be read, holds too many fixes or could never fit the budget is one rejected item.
-fn read<S: AsRef<Ingest>>(st: &Arc<S>, m: &mut Msg, limits: &MqttLimits) -> Read {
+fn read<S: AsRef<Ingest>>(
+    st: &Arc<S>,
+    m: &mut Msg,
+    limits: &MqttLimits,
+    ahead: &ReadAhead,
+) -> Read {
     let ingest = (**st).as_ref();
     let topic = String::from_utf8_lossy(&m.publish.topic).into_owned();
     let too_large = || {
@@ -454,26 +520,29 @@ fn read<S: AsRef<Ingest>>(st: &Arc<S>, m: &mut Msg, limits: &MqttLimits) -> Read
         ))
     };
     if m.too_large {
-        return Read::Fixes(vec![Err(too_large())]);
+        let e = too_large();
+        m.drop_payload(ahead);
+        return Read::Fixes(vec![Err(e)]);
     }
     let parsed = message::parse(
         &topic,
         &m.publish.payload,
         limits.max_bytes,
         limits.max_batch,
-        |located| ingest.read_within(located, &mut m.hold),
+        |located| {
+            // The batch keeps a copy of its fixes, to submit again after a refusal.
+            let charge = Charge {
+                extra_per_item: std::mem::size_of::<Result<Fix, ItemError>>(),
+                ceiling: ahead.ceiling(&limits.budget),
+            };
+            ingest.read_within(located, &mut m.hold, charge)
+        },
         ingest.limits(),
         ingest.now(),
     );
     match parsed {
         Parsed::Fixes(f) => {
-            // The batch keeps a copy of its fixes to submit again after a refusal.
-            let copy = f.len() * std::mem::size_of::<Result<Fix, ItemError>>();
-            if m.hold.grow(copy).is_err() {
-                m.reset();
-                return Read::NoRoom;
-            }
-            m.drop_payload();
+            m.drop_payload(ahead);
             Read::Fixes(f)
         }
         Parsed::NoRoom => {
@@ -481,12 +550,12 @@ fn read<S: AsRef<Ingest>>(st: &Arc<S>, m: &mut Msg, limits: &MqttLimits) -> Read
             Read::NoRoom
         }
         Parsed::Bad(e) => {
-            m.drop_payload();
+            m.drop_payload(ahead);
             Read::Fixes(vec![Err(e)])
         }
         Parsed::Nothing(why) => {
             tracing::trace!(%topic, why, "MQTT message holds no fix");
-            m.drop_payload();
+            m.drop_payload(ahead);
             Read::Fixes(Vec::new())
         }
     }

@@ -395,15 +395,29 @@ fn certificates_out_of_their_validity_are_refused_at_start_and_on_reload() {
         (&old_crt, &old_key, "expired"),
         (&new_crt, &new_key, "future"),
     ] {
-        let out = serve_cmd(&dir.path().join(format!("data-{what}")))
-            .env("GEODWELL_TLS_CERT", crt)
-            .env("GEODWELL_TLS_KEY", key)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .output()
-            .unwrap();
-        let log = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{what}: started with it\n{log}");
+        let mut child = Proc(
+            serve_cmd(&dir.path().join(format!("data-{what}")))
+                .env("GEODWELL_TLS_CERT", crt)
+                .env("GEODWELL_TLS_KEY", key)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(s) = child.0.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: the server started with a certificate outside its validity"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut log = String::new();
+        std::io::Read::read_to_string(&mut child.0.stderr.take().unwrap(), &mut log).unwrap();
+        assert!(!status.success(), "{what}: {log}");
         assert!(log.contains("not now"), "{what}: {log}");
     }
     // A valid certificate at a first path; SIGHUP after the configuration names a second
