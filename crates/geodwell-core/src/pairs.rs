@@ -27,6 +27,7 @@
 use crate::fences::FenceIdx;
 use crate::fences::FenceSettings;
 use crate::time::{Dur, Ts};
+use packed::Ts48;
 
 /// How one fix relates to one fence, as classified by the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +62,30 @@ pub enum PairOutput {
         /// The threshold reached.
         threshold: Dur,
     },
+}
+
+impl PairOutput {
+    /// The event time the output stands for: ENTER's visit start, EXIT's `at`, DWELL's
+    /// deadline.
+    pub fn at(&self) -> Ts {
+        match *self {
+            PairOutput::Enter { entered_at } => entered_at,
+            PairOutput::Exit { at, .. } => at,
+            PairOutput::Dwell {
+                entered_at,
+                threshold,
+            } => entered_at.plus(threshold),
+        }
+    }
+}
+
+/// What [`Pair::catch_up`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CaughtUp {
+    /// Whether the record still holds state.
+    pub alive: Alive,
+    /// The latest run expiry it processed, if any: a decision a later fix must not contradict.
+    pub expired: Option<Ts>,
 }
 
 /// Whether a pair still holds state after a step.
@@ -109,46 +134,6 @@ pub struct Pair {
 /// The top bit of `Pair::votes_inside`.
 const INSIDE: u8 = 0x80;
 
-/// A valid [`Ts`] (0 ..= year 9999, under 2^48 ms) in 6 bytes with 2-byte alignment, so that
-/// three of them and the record's other fields pack into 40 bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Ts48([u16; 3]);
-
-impl Ts48 {
-    fn new(t: Ts) -> Ts48 {
-        debug_assert!((Ts::MIN..=Ts::MAX).contains(&t), "{t:?} is not a valid Ts");
-        let v = t.0.clamp(Ts::MIN.0, Ts::MAX.0) as u64;
-        Ts48([v as u16, (v >> 16) as u16, (v >> 32) as u16])
-    }
-
-    fn get(self) -> Ts {
-        let [a, b, c] = self.0;
-        Ts((u64::from(a) | u64::from(b) << 16 | u64::from(c) << 32) as i64)
-    }
-}
-
-/// What a pair record knows of its outstanding wheel entry (stored above the low 24 bits of
-/// `Pair::timer`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-enum TimerState {
-    /// No entry is outstanding.
-    None,
-    /// An entry is outstanding, due less than 2^23 ticks after the wheel's tick when it was
-    /// scheduled: the low bits identify it (see [`Pair::timer_is`]).
-    Near,
-    /// An entry is outstanding, further ahead than that: its tick is not remembered, and a
-    /// reschedule always replaces it (rare: 2^23 ticks are 97 days at the default 1 s tick).
-    Far,
-}
-
-/// Bits of the due tick kept in `Pair::timer`.
-const LOW_BITS: u32 = 24;
-const LOW_MASK: u32 = (1 << LOW_BITS) - 1;
-/// Half the range of the stored low bits: a due tick within this distance of the wheel's tick
-/// is recovered exactly from its low bits.
-const NEAR: u64 = 1 << (LOW_BITS - 1);
-
 /// The durable part of a pair record: its visit, pending run, and per-threshold state. The
 /// record's place in memory and its timer are not stored: the timer is derived from the state
 /// ([`Pair::next_internal`]) when the record is restored. Stored as part of the engine's
@@ -192,48 +177,6 @@ pub struct PairView {
 }
 
 impl Pair {
-    fn timer_state(&self) -> TimerState {
-        match self.timer >> LOW_BITS {
-            0 => TimerState::None,
-            1 => TimerState::Near,
-            _ => TimerState::Far,
-        }
-    }
-
-    /// Whether a wheel entry is outstanding for this record.
-    pub fn has_timer(&self) -> bool {
-        self.timer_state() != TimerState::None
-    }
-
-    /// Whether the outstanding entry is provably due at `due`, the wheel's tick being `now`
-    /// (`None`: whether no entry is outstanding). A `Near` entry was due less than 2^23 ticks
-    /// after the tick it was scheduled at, so it is due before `now + 2^23`; and it is due after
-    /// `now - 2^23` unless the wheel carried it for 2^23 ticks. Within that window of 2^24 ticks
-    /// the low 24 bits name one tick, so equal low bits mean the same tick. Should the window be
-    /// exceeded, the answer can only be a wrong "yes" for an entry due *earlier* than `due`, which
-    /// fires early and makes the engine re-check and reschedule: never a late event.
-    pub fn timer_is(&self, due: Option<u64>, now: u64) -> bool {
-        match (self.timer_state(), due) {
-            (TimerState::None, None) => true,
-            (TimerState::Near, Some(due)) => {
-                due.wrapping_sub(now) < NEAR && (due as u32 & LOW_MASK) == (self.timer & LOW_MASK)
-            }
-            _ => false,
-        }
-    }
-
-    /// Records the entry just scheduled at `due` (`None`: no entry), the wheel's tick being `now`.
-    pub fn set_timer(&mut self, due: Option<u64>, now: u64) {
-        self.timer = match due {
-            None => (TimerState::None as u32) << LOW_BITS,
-            // Truncation is the point: see `timer_is`.
-            Some(due) if due.wrapping_sub(now) < NEAR => {
-                (TimerState::Near as u32) << LOW_BITS | (due as u32 & LOW_MASK)
-            }
-            Some(_) => (TimerState::Far as u32) << LOW_BITS,
-        };
-    }
-
     fn votes(&self) -> u8 {
         self.votes_inside & !INSIDE
     }
@@ -358,7 +301,8 @@ impl Pair {
         bound: Ts,
         last_applied: Option<Ts>,
         out: &mut impl FnMut(PairOutput),
-    ) -> Alive {
+    ) -> CaughtUp {
+        let mut expired = None;
         loop {
             let d = self.next_deadline(s).filter(|&d| d < bound);
             let e = self.expiry(s).filter(|&e| e < bound);
@@ -367,17 +311,53 @@ impl Pair {
                 // instant the run is still valid (a gap equal to confirm_within counts).
                 (Some(d), None) => self.evaluate(s, d, last_applied, out),
                 (Some(d), Some(e)) if d <= e => self.evaluate(s, d, last_applied, out),
-                (_, Some(_)) => {
+                (_, Some(e)) => {
                     // The pending run expired: no confirming fix came within confirm_within.
+                    expired = Some(e);
                     self.set_votes(0);
                     if !self.is_inside() {
-                        return Alive::No;
+                        return CaughtUp {
+                            alive: Alive::No,
+                            expired,
+                        };
                     }
                     self.try_fire(s, out);
                 }
-                (None, None) => return Alive::Yes,
+                (None, None) => {
+                    return CaughtUp {
+                        alive: Alive::Yes,
+                        expired,
+                    };
+                }
             }
         }
+    }
+
+    /// Takes back the evaluation of every threshold whose deadline is at or after `ts`, before a
+    /// fix at `ts` that arrived after the watermark had passed those deadlines is applied: they
+    /// were judged without it, and are judged again once time passes them. None of them has
+    /// fired (a fired deadline is at or before the device's frontier, and such a fix is after
+    /// it), so this changes no emitted event.
+    pub fn rejudge_from(&mut self, s: &FenceSettings, ts: Ts) {
+        let keep = (0..self.evaluated as usize)
+            .take_while(|&j| self.deadline(s, j) < ts)
+            .count();
+        if keep == self.evaluated as usize {
+            return;
+        }
+        let kept = if keep >= 16 {
+            u16::MAX
+        } else {
+            (1u16 << keep) - 1
+        };
+        debug_assert_eq!(
+            self.fired & !kept,
+            0,
+            "a fired threshold at or after a fix that is after the frontier"
+        );
+        self.stale &= kept;
+        self.fired &= kept;
+        self.evaluated = keep as u8;
     }
 
     /// Evaluates the next threshold at its deadline `d`: snapshot staleness, then fire if free.
@@ -550,5 +530,6 @@ impl Pair {
     }
 }
 
+mod packed;
 #[cfg(test)]
 mod tests;

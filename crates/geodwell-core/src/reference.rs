@@ -80,7 +80,7 @@ pub fn expected_events_with_removals(
             fx.sort_by(|a, b| a.order(b));
             fx.dedup_by(|b, a| a.ts == b.ts); // keeps the first in (ts, lat, lon) order
             for fence in fences {
-                naive_pair(&dev, fence, &fx, w_end, &mut events);
+                naive_pair(&dev, fence, &fx, w_end, &mut events, &mut None);
             }
         }
     }
@@ -115,7 +115,14 @@ fn pos(f: &Fix) -> Pos {
     (f.lat, f.lon, f.accuracy)
 }
 
-fn naive_pair(dev: &Arc<str>, fence: &Fence, all: &[&Fix], w_final: Ts, events: &mut Vec<Event>) {
+fn naive_pair(
+    dev: &Arc<str>,
+    fence: &Fence,
+    all: &[&Fix],
+    w_final: Ts,
+    events: &mut Vec<Event>,
+    expired: &mut Option<Ts>,
+) {
     let s = &fence.settings;
     // A fence whose `devices` scope does not cover the device has nothing to do with it.
     if !s.devices.matches(dev) {
@@ -135,7 +142,10 @@ fn naive_pair(dev: &Arc<str>, fence: &Fence, all: &[&Fix], w_final: Ts, events: 
     let mut after: Vec<(bool, Option<Run1>)> = Vec::new();
     let (mut inside, mut run): (bool, Option<Run1>) = (false, None);
     for f in &fx {
-        if run.is_some_and(|r| f.ts.since(r.last) > cw) {
+        if let Some(r) = run
+            && f.ts.since(r.last) > cw
+        {
+            *expired = (*expired).max(Some(r.last.plus(cw)));
             run = None;
         }
         let push = |run: Option<Run1>| match run {
@@ -183,6 +193,11 @@ fn naive_pair(dev: &Arc<str>, fence: &Fence, all: &[&Fix], w_final: Ts, events: 
             run = None;
         }
         after.push((inside, run));
+    }
+    if let Some(r) = run
+        && r.last.plus(cw) < w_final
+    {
+        *expired = (*expired).max(Some(r.last.plus(cw)));
     }
 
     let name = fence.name.as_ref();
@@ -273,4 +288,199 @@ fn dwell_fires(
         return released;
     }
     blocking.is_none() && released
+}
+
+/// One input of a trace delivered with delays: a fix with the watermark it arrived under, a
+/// removal, or a move of the watermark alone (other devices' data, time passing).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Arrival {
+    /// A fix arriving while the watermark was `w` (raised to `w` first).
+    Fix {
+        /// The fix.
+        fix: Fix,
+        /// The watermark it arrived under.
+        w: Ts,
+    },
+    /// `DELETE` of `device`, at the current watermark.
+    Remove {
+        /// The device.
+        device: Arc<str>,
+    },
+    /// The watermark moves to `w` (if later).
+    Advance {
+        /// The new watermark.
+        w: Ts,
+    },
+}
+
+/// How a fix was taken, as the reference judges it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Buffered or applied.
+    Accepted,
+    /// More than `max_delay` behind the watermark (`max_delay` 0: behind it at all).
+    TooOld,
+    /// At or before its device's frontier.
+    BehindDevice,
+    /// Same `ts` as the latest applied or a buffered fix (and not first in (lat, lon) order).
+    Duplicate,
+}
+
+/// The rules of `docs/semantics.md` section 2.5 for delayed data, read directly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DelayRules {
+    /// `time.max_delay` (0: any fix behind the watermark is late).
+    pub max_delay: Dur,
+    /// `time.delay_hold` (0: no hold).
+    pub delay_hold: Dur,
+}
+
+/// One life of a device in [`expected_with_delays`].
+#[derive(Default)]
+struct Life {
+    /// Applied fixes, in application (= ts) order.
+    applied: Vec<Fix>,
+    /// Fixes ahead of the watermark, by ts.
+    buffered: BTreeMap<i64, Fix>,
+    /// The watermark at which the delay hold ends (none: `Ts::MIN`).
+    hold_until: Option<Ts>,
+}
+
+impl Life {
+    /// The device's steps are processed up to this bound (strictly before it): the watermark,
+    /// or its latest fix while the delay hold is on.
+    fn bound(&self, w: Ts) -> Ts {
+        match (self.hold_until, self.applied.last()) {
+            (Some(h), Some(last)) if h > w => last.ts,
+            _ => w,
+        }
+    }
+
+    /// Applies every buffered fix at or before `w`.
+    fn flush(&mut self, w: Ts) {
+        while let Some((&ts, _)) = self.buffered.first_key_value() {
+            if ts > w.0 {
+                break;
+            }
+            let (_, f) = self.buffered.pop_first().unwrap();
+            self.applied.push(f);
+        }
+    }
+
+    /// The events of this life as of the bound `b`, and its frontier then.
+    fn judge(&self, dev: &Arc<str>, fences: &[Arc<Fence>], b: Ts) -> (Vec<Event>, Option<Ts>) {
+        let fx: Vec<&Fix> = self.applied.iter().collect();
+        let mut events = Vec::new();
+        let mut expired = None;
+        for fence in fences {
+            naive_pair(dev, fence, &fx, b, &mut events, &mut expired);
+        }
+        let decided = events
+            .iter()
+            .map(|e| e.at)
+            .chain(self.applied.last().map(|f| f.ts))
+            .chain(expired)
+            .max();
+        (events, decided)
+    }
+}
+
+/// The events `docs/semantics.md` defines for `arrivals` under the delayed-data rules, once the
+/// watermark has reached `w_final`, and each fix's outcome in arrival order. Each device's
+/// frontier is recomputed from scratch at every arrival (the latest of its applied fixes, the
+/// events its applied fixes give up to its bound, and the run expiries before it), so nothing
+/// here shares the engine's bookkeeping. Sorted like [`expected_events`].
+pub fn expected_with_delays(
+    fences: &[Arc<Fence>],
+    arrivals: &[Arrival],
+    rules: DelayRules,
+    w_final: Ts,
+) -> (Vec<Event>, Vec<Outcome>) {
+    let mut w = Ts::MIN;
+    let mut lives: BTreeMap<Arc<str>, Life> = BTreeMap::new();
+    // Removed devices: the frontier their tombstone holds.
+    let mut tombs: BTreeMap<Arc<str>, Ts> = BTreeMap::new();
+    let mut events = Vec::new();
+    let mut outcomes = Vec::new();
+    for a in arrivals {
+        match a {
+            Arrival::Advance { w: to } => w = w.max(*to),
+            Arrival::Remove { device } => {
+                let Some(mut life) = lives.remove(device) else {
+                    continue;
+                };
+                life.flush(w);
+                let (ev, _) = life.judge(device, fences, life.bound(w));
+                events.extend(ev);
+                if rules.max_delay > Dur::ZERO {
+                    tombs.insert(device.clone(), w);
+                }
+            }
+            Arrival::Fix { fix, w: at } => {
+                w = w.max(*at);
+                let dev: Arc<str> = Arc::from(fix.device.as_str());
+                let o = take(fix, w, rules, fences, &dev, &mut lives, &tombs);
+                outcomes.push(o);
+            }
+        }
+    }
+    w = w.max(w_final);
+    for (dev, mut life) in lives {
+        life.flush(w);
+        let (ev, _) = life.judge(&dev, fences, life.bound(w));
+        events.extend(ev);
+    }
+    events.sort_by(|a, b| {
+        (&a.device, &a.fence, a.at, a.kind, a.dwell_s)
+            .cmp(&(&b.device, &b.fence, b.at, b.kind, b.dwell_s))
+    });
+    (events, outcomes)
+}
+
+/// Judges one arriving fix at watermark `w` and takes it into its device's life.
+fn take(
+    fix: &Fix,
+    w: Ts,
+    rules: DelayRules,
+    fences: &[Arc<Fence>],
+    dev: &Arc<str>,
+    lives: &mut BTreeMap<Arc<str>, Life>,
+    tombs: &BTreeMap<Arc<str>, Ts>,
+) -> Outcome {
+    let too_old = if rules.max_delay > Dur::ZERO {
+        fix.ts < w.minus(rules.max_delay)
+    } else {
+        fix.ts < w
+    };
+    if too_old {
+        return Outcome::TooOld;
+    }
+    let life = lives.entry(dev.clone()).or_default();
+    life.flush(w);
+    let (_, decided) = life.judge(dev, fences, life.bound(w));
+    let frontier = decided.max(tombs.get(dev).copied());
+    if life.applied.last().is_some_and(|l| l.ts == fix.ts) {
+        return Outcome::Duplicate;
+    }
+    if frontier.is_some_and(|f| fix.ts <= f) {
+        if life.applied.is_empty() && life.buffered.is_empty() {
+            lives.remove(dev);
+        }
+        return Outcome::BehindDevice;
+    }
+    if fix.ts > w {
+        return match life.buffered.get(&fix.ts.0) {
+            Some(b) if b.order(fix).is_le() => Outcome::Duplicate,
+            _ => {
+                life.buffered.insert(fix.ts.0, fix.clone());
+                Outcome::Accepted
+            }
+        };
+    }
+    if fix.ts < w && rules.delay_hold > Dur::ZERO {
+        let until = w.plus(rules.delay_hold);
+        life.hold_until = Some(life.hold_until.map_or(until, |h| h.max(until)));
+    }
+    life.applied.push(fix.clone());
+    Outcome::Accepted
 }

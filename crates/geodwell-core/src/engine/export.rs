@@ -2,8 +2,9 @@
 //! and back in ([`Engine::restore`]).
 //!
 //! Invariants: a device's durable state is its id, its last applied fix and position, its
-//! buffered fixes and its pair states, fences named by id; timers are not stored but derived from
-//! that state on restore, so a restored engine emits exactly what the running one would have.
+//! frontier and delay hold, its buffered fixes and its pair states, fences named by id; timers
+//! are not stored but derived from that state on restore, so a restored engine emits exactly
+//! what the running one would have.
 //! With `track_dirty`, every device whose durable state changed since the last `take_dirty` is
 //! listed once in `dirty` (its bit set in `dirty_bits`), so storing what `take_dirty` returns
 //! keeps a store equal to `export()`.
@@ -12,7 +13,7 @@ use crate::pairs::Pair;
 use crate::time::Ts;
 use crate::wheel::Wheel;
 
-use super::records::{Buffered, DeviceSlot, NO_TICK, NO_TS, Reorder, pair_slots, pairs_of};
+use super::records::{Buffered, DeviceSlot, NO_TS, Reorder, pair_slots, pairs_of};
 use super::{DeviceState, Engine, RestoreError, Restored};
 
 impl Engine {
@@ -27,13 +28,14 @@ impl Engine {
     /// The durable state of device `d`.
     pub(super) fn export_device(&self, d: DeviceSlot) -> DeviceState {
         let dev = &self.devices[d.index()];
+        let reorder = self.reorders.get(&d);
         DeviceState {
             id: self.ids.get(dev.id).to_string(),
             last_applied: dev.last_applied().map(|t| t.0),
             last_position: dev.last_position(),
-            buffer: self
-                .reorders
-                .get(&d)
+            frontier: dev.frontier().map(|t| t.0),
+            hold_until: reorder.map(|r| r.hold_until).filter(|&h| h != NO_TS),
+            buffer: reorder
                 .map_or(&[][..], |r| &r.fixes)
                 .iter()
                 .map(|b| (b.ts.0, b.lat, b.lon, b.accuracy))
@@ -77,6 +79,12 @@ impl Engine {
             };
             let dev = &mut self.devices[d.index()];
             dev.last_applied = st.last_applied.unwrap_or(NO_TS);
+            // A state stored before frontiers were kept: everything up to the watermark it was
+            // stored at may have been decided.
+            dev.frontier = match st.frontier {
+                Some(f) => f,
+                None => dev.last_applied.max(w.map_or(NO_TS, |w| w.0)),
+            };
             dev.last_position = st
                 .last_position
                 .map_or([f64::NAN; 2], |(lat, lon)| [lat, lon]);
@@ -94,16 +102,12 @@ impl Engine {
             fixes.sort_by(|a, b| a.key_cmp(b.ts, b.lat, b.lon));
             self.buffered += fixes.len() as u64;
             r.buffered += fixes.len() as u64;
-            if !fixes.is_empty() {
+            if !fixes.is_empty() || st.hold_until.is_some() {
                 self.flush_gens = self.flush_gens.wrapping_add(1);
-                self.reorders.insert(
-                    d,
-                    Reorder {
-                        fixes,
-                        flush_due: NO_TICK,
-                        flush_gen: self.flush_gens,
-                    },
-                );
+                let mut reorder = Reorder::new(self.flush_gens);
+                reorder.fixes = fixes;
+                reorder.hold_until = st.hold_until.unwrap_or(NO_TS);
+                self.reorders.insert(d, reorder);
             }
             for (fence_id, ps) in &st.pairs {
                 let Some(idx) = self.fences.idx_of(fence_id) else {

@@ -3,10 +3,17 @@
 //! Owns the devices, the pair records, one fence index and one timer wheel. It is synchronous and
 //! deterministic: the watermark and every fix come in as arguments, nothing reads a clock.
 //!
-//! Invariants, with `W` the engine's watermark:
+//! Invariants, with `W` the engine's watermark and `F` a device's frontier (the latest event time
+//! of anything decided for it: its latest applied fix, every event emitted for it, every run
+//! expiry processed):
 //! - A device's fixes are applied in (ts, lat, lon) order, each only once `W >= ts`; a fix with
-//!   `ts < W` when it reaches the engine, or before its device's last applied fix, is late and
-//!   changes nothing; one with the `ts` of an applied or buffered fix is a duplicate.
+//!   `ts <= F` is late (`behind_device`) and changes nothing, as is one more than `max_delay`
+//!   behind `W` (`too_old`; with `max_delay` 0, any fix behind `W`); one with the `ts` of the
+//!   latest applied or a buffered fix is a duplicate. A fix after `F` but behind `W` is applied
+//!   at once, in order with the device's other fixes, and puts the device on a delay hold: its
+//!   steps stop at its latest fix until `W` passes the fix's arrival plus `delay_hold`, so the
+//!   rest of a delayed queue can still come. Nothing emitted is ever contradicted: a fix that
+//!   could is at or before `F`.
 //! - Per device, fixes and the pairs' internal events (dwell deadlines, run expiries) are processed
 //!   in event-time order: before a fix at `ts` every internal event `< ts` of the device's pairs is
 //!   processed, and a watermark advance processes internal events `< W`. Devices are independent,
@@ -77,6 +84,12 @@ pub struct EngineConfig {
     /// Track devices whose durable state changed, for [`Engine::take_dirty`] (on when a store
     /// persists the engine; off saves the bookkeeping).
     pub track_dirty: bool,
+    /// How far behind the watermark a fix may be and still be applied in its device's own
+    /// event time; `Dur::ZERO`: every fix behind the watermark is late (`too_old`).
+    pub max_delay: Dur,
+    /// How long, in watermark time, a device applies only its own fixes after one arrived behind
+    /// the watermark, before its steps catch up with the watermark; `Dur::ZERO`: no hold.
+    pub delay_hold: Dur,
 }
 
 impl Default for EngineConfig {
@@ -87,6 +100,8 @@ impl Default for EngineConfig {
             max_buffered_per_device: 1024,
             max_devices: usize::MAX,
             track_dirty: false,
+            max_delay: Dur::ZERO,
+            delay_hold: Dur::ZERO,
         }
     }
 }
@@ -96,10 +111,44 @@ impl Default for EngineConfig {
 pub enum Ingested {
     /// Buffered or applied.
     Accepted,
-    /// Older than the watermark or than the device's last applied fix: counted, not applied.
-    Late,
-    /// Same `ts` as an applied or buffered fix of the device: counted, not applied.
+    /// Counted, not applied, for the reason given.
+    Late(LateReason),
+    /// Same `ts` as the latest applied or a buffered fix of the device: counted, not applied.
     Duplicate,
+}
+
+/// Why a fix was late.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LateReason {
+    /// More than `max_delay` behind the watermark (with `max_delay` 0: behind it at all).
+    TooOld,
+    /// At or before its device's frontier: something decided for the device since would be
+    /// contradicted.
+    BehindDevice,
+}
+
+impl LateReason {
+    /// Every reason, for metrics exported at zero.
+    pub const ALL: [LateReason; 2] = [LateReason::TooOld, LateReason::BehindDevice];
+
+    /// The reason as the API and the metrics' `reason` label write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LateReason::TooOld => "too_old",
+            LateReason::BehindDevice => "behind_device",
+        }
+    }
+}
+
+/// A fix that arrived behind the watermark, as the engine keeps a few for the device view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DelayedFix {
+    /// The fix's time.
+    pub ts: Ts,
+    /// How far behind the watermark it arrived.
+    pub behind: Dur,
+    /// Applied (`None`) or late, and why.
+    pub late: Option<LateReason>,
 }
 
 /// Why the engine refused a fix.
@@ -170,6 +219,13 @@ pub struct DeviceView {
     pub buffered: usize,
     /// Pair records, by fence id, sorted.
     pub pairs: Vec<(Arc<str>, PairView)>,
+    /// The device's frontier: a fix at or before it is late (`behind_device`).
+    pub frontier: Option<Ts>,
+    /// Until when (watermark time) its delay hold keeps its steps at its latest fix, if on.
+    pub hold_until: Option<Ts>,
+    /// Its latest fixes that arrived behind the watermark, newest first (a few at most, while
+    /// the engine still remembers them).
+    pub delayed: Vec<DelayedFix>,
 }
 
 /// A device in a listing: where it is and which fences it is inside (committed ENTER, no EXIT
@@ -214,6 +270,11 @@ pub struct DeviceState {
     pub buffer: Vec<(i64, f64, f64, Option<f64>)>,
     /// Pair records, by fence id.
     pub pairs: Vec<(String, PairState)>,
+    /// The frontier, Unix ms; `None` in a state stored before frontiers were kept (restored as
+    /// the later of the last applied fix and the watermark).
+    pub frontier: Option<i64>,
+    /// The end of the delay hold, Unix ms, when one is on.
+    pub hold_until: Option<i64>,
 }
 
 impl DeviceState {
@@ -226,12 +287,18 @@ impl DeviceState {
             last_position: None,
             buffer: Vec::new(),
             pairs: Vec::new(),
+            frontier: None,
+            hold_until: None,
         }
     }
 
-    /// Whether this state holds nothing (a removal).
+    /// Whether this state holds nothing (a removal). A removed device that still holds off
+    /// delayed fixes keeps its frontier and is not blank.
     pub fn is_blank(&self) -> bool {
-        self.last_applied.is_none() && self.buffer.is_empty() && self.pairs.is_empty()
+        self.last_applied.is_none()
+            && self.buffer.is_empty()
+            && self.pairs.is_empty()
+            && self.frontier.is_none()
     }
 }
 
@@ -320,7 +387,13 @@ pub struct Engine {
     frozen_bits: Vec<u64>,
     /// Frozen devices copied before they changed, waiting to be handed out.
     copied: Vec<DeviceState>,
+    /// The latest fixes that arrived behind the watermark (at most [`DELAYED_KEPT`]), for the
+    /// device view: diagnostics only, not durable, decides nothing.
+    delayed: std::collections::VecDeque<(DeviceSlot, DelayedFix)>,
 }
+
+/// Fixes that arrived behind the watermark an engine remembers for the device view.
+pub const DELAYED_KEPT: usize = 1024;
 
 impl Engine {
     /// An empty engine.
@@ -357,6 +430,7 @@ impl Engine {
             frozen_next: 0,
             frozen_bits: Vec::new(),
             copied: Vec::new(),
+            delayed: std::collections::VecDeque::new(),
         }
     }
 
@@ -426,6 +500,7 @@ impl Engine {
                 let mut touched = false;
                 let last = self.devices[d.index()].last_applied();
                 let id_at = self.devices[d.index()].id;
+                let mut decided = Ts(records::NO_TS);
                 for p in pair_slots(&self.devices, &self.pairs, d) {
                     let (ids, pair) = (&self.ids, &mut self.pairs[p.index()]);
                     if pair.fence == idx {
@@ -433,11 +508,15 @@ impl Engine {
                             &old.settings.dwell,
                             &fence.settings,
                             last,
-                            &mut |o| out.push(to_event(o, ids.get(id_at), &fence, None)),
+                            &mut |o| {
+                                decided = decided.max(o.at());
+                                out.push(to_event(o, ids.get(id_at), &fence, None))
+                            },
                         );
                         touched = true;
                     }
                 }
+                self.devices[d.index()].raise_frontier(decided);
                 if touched {
                     self.process_device(d, None, out);
                 }

@@ -3,7 +3,7 @@
 //! lists threaded through the pair records (making, walking, linking and unlinking them).
 //!
 //! There is one device record per device the shard holds, so its size is most of what a parked
-//! device costs. It is 32 bytes and owns no heap block:
+//! device costs. It is 40 bytes and owns no heap block:
 //! - the id lives in [`IdArena`], one byte buffer for every device of the shard; the record keeps
 //!   its offset. A removed device's bytes stay until the arena is compacted (when they are more
 //!   than the live ones, `engine::lifecycle`);
@@ -138,11 +138,17 @@ impl Buffered {
     }
 }
 
-/// A device record (32 bytes; `record_sizes` pins it).
+/// A device record (40 bytes; `record_sizes` pins it).
 #[derive(Debug)]
 pub(super) struct Device {
     /// Latest applied fix, Unix ms; `NO_TS` before the first.
     pub last_applied: i64,
+    /// The device's frontier, Unix ms: the latest event time of anything decided for it that a
+    /// later fix could contradict (its latest applied fix, every event emitted for it, every run
+    /// expiry processed); `NO_TS` before anything. A fix at or before it is late
+    /// (`behind_device`). A removed device whose removal must still hold off delayed fixes
+    /// keeps only this (a tombstone: no fix, no pair, nothing buffered).
+    pub frontier: i64,
     /// Latest applied (lat, lon); NaN before the first fix.
     pub last_position: [f64; 2],
     /// Offset of the id in the shard's [`IdArena`].
@@ -155,6 +161,7 @@ impl Device {
     pub fn new(id: u32) -> Device {
         Device {
             last_applied: NO_TS,
+            frontier: NO_TS,
             last_position: [f64::NAN; 2],
             id,
             first_pair: NO_PAIR,
@@ -175,6 +182,15 @@ impl Device {
         (self.last_applied != NO_TS).then_some(Ts(self.last_applied))
     }
 
+    pub fn frontier(&self) -> Option<Ts> {
+        (self.frontier != NO_TS).then_some(Ts(self.frontier))
+    }
+
+    /// Moves the frontier to `t` if that is later.
+    pub fn raise_frontier(&mut self, t: Ts) {
+        self.frontier = self.frontier.max(t.0);
+    }
+
     pub fn last_position(&self) -> Option<(f64, f64)> {
         let [lat, lon] = self.last_position;
         (!lat.is_nan()).then_some((lat, lon))
@@ -185,17 +201,55 @@ impl Device {
 /// nothing waiting at any moment, and a field would cost every device record 8 bytes.
 pub(super) type Reorders = hashbrown::HashMap<DeviceSlot, Reorder, foldhash::fast::RandomState>;
 
-/// A device's reorder buffer and its flush timer: made when a fix has to wait for the watermark,
-/// dropped when none waits any more (and the timer is disarmed).
+/// A device's reorder buffer, delay hold and flush timer: made when a fix has to wait for the
+/// watermark or a fix was applied behind it, dropped when none waits and no hold is on (and the
+/// timer is disarmed).
 #[derive(Debug)]
 pub(super) struct Reorder {
     /// Sorted by (ts, lat, lon), distinct ts.
     pub fixes: Vec<Buffered>,
+    /// The watermark at which the device's delay hold ends, Unix ms (`NO_TS`: none). Until then
+    /// its steps advance only up to its latest fix, not to the watermark (a fix was applied
+    /// behind the watermark, and more of its queue may follow).
+    pub hold_until: i64,
     /// The tick of the outstanding flush timer; `NO_TICK` when none.
     pub flush_due: u64,
     /// The generation the flush timer's wheel entry carries. A fresh `Reorder` takes the next
     /// value of an engine-wide counter, so an entry left by an earlier one stays dead.
     pub flush_gen: u32,
+}
+
+impl Reorder {
+    /// An empty block whose flush timer carries generation `flush_gen`.
+    pub fn new(flush_gen: u32) -> Reorder {
+        Reorder {
+            // Most devices hold at most one fix at a time; Vec's first growth would take four.
+            fixes: Vec::with_capacity(1),
+            hold_until: NO_TS,
+            flush_due: NO_TICK,
+            flush_gen,
+        }
+    }
+
+    /// Whether the delay hold is on at watermark `w`.
+    pub fn held_at(&self, w: Ts) -> bool {
+        self.hold_until != NO_TS && Ts(self.hold_until) > w
+    }
+
+    /// When the device has work: its earliest buffered fix or the end of its hold, whichever
+    /// comes first.
+    pub fn ready(&self) -> Option<Ts> {
+        let hold = (self.hold_until != NO_TS).then_some(Ts(self.hold_until));
+        match (self.fixes.first().map(|b| b.ts), hold) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Whether it holds nothing (no fix, no hold).
+    pub fn is_idle(&self) -> bool {
+        self.fixes.is_empty() && self.hold_until == NO_TS
+    }
 }
 
 /// Why an id could not be stored.
@@ -492,7 +546,7 @@ impl Engine {
                 count += 1;
             }
             if let Some(r) = self.reorders.get(&d) {
-                assert!(!r.fixes.is_empty() || r.flush_due != NO_TICK);
+                assert!(!r.is_idle() || r.flush_due != NO_TICK);
             }
             let id = self.ids.get(self.devices[d.index()].id);
             assert_eq!(self.device_ids.get(&self.ids, id), Some(d));

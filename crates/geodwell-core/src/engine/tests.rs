@@ -420,10 +420,14 @@ fn late_and_duplicate_fixes_change_nothing() {
         Ingested::Duplicate,
         "same ts, later in (lat, lon) order"
     );
-    assert_eq!(h.fix(89, IN), Ingested::Late, "before W = 90");
+    assert_eq!(
+        h.fix(89, IN),
+        Ingested::Late(LateReason::TooOld),
+        "before W = 90 (max_delay 0: any fix behind W)"
+    );
     h.fix(200, FAR);
     assert_eq!(h.take(), vec![(Enter, 95, 0), (Exit, 100, 5)]);
-    assert_eq!(h.fix(100, IN), Ingested::Late);
+    assert_eq!(h.fix(100, IN), Ingested::Late(LateReason::TooOld));
     assert_eq!(h.take(), vec![]);
 }
 
@@ -608,7 +612,7 @@ fn device_pages_walk_every_device_once_and_name_the_fences_it_is_inside() {
 /// (docs/bench-e2e.md). A size regression should be a decision, not an accident.
 #[test]
 fn record_sizes() {
-    assert_eq!(std::mem::size_of::<records::Device>(), 32);
+    assert_eq!(std::mem::size_of::<records::Device>(), 40);
     assert_eq!(std::mem::size_of::<Pair>(), 40);
 }
 
@@ -770,4 +774,243 @@ fn occupancy_lists_exactly_the_devices_inside_across_pages_and_counts_them() {
         .collect();
     assert_eq!(seen, want);
     assert_eq!(h.e.fence_occupants("nope", 0, 10, 100), (vec![], None));
+}
+
+/// An engine with the delayed-data rules on (`max_delay` 1 h, `delay_hold` 5 s), driven on an
+/// explicit watermark: `at(w)` moves it, `late(dev, secs, p)` sends a fix under it.
+struct Delayed {
+    e: Engine,
+    out: Vec<Event>,
+    w: Ts,
+}
+
+impl Delayed {
+    fn new(props: serde_json::Value) -> Delayed {
+        let mut d = Delayed {
+            e: Engine::new(EngineConfig {
+                max_delay: Dur::from_secs(3600),
+                delay_hold: Dur::from_secs(5),
+                ..EngineConfig::default()
+            }),
+            out: Vec::new(),
+            w: ts(0),
+        };
+        d.e.upsert_fence(square("sq", props), &mut d.out);
+        d
+    }
+
+    fn at(&mut self, secs: i64) {
+        self.w = ts(secs);
+        self.e.advance(self.w, &mut self.out);
+    }
+
+    fn fix(&mut self, dev: &str, secs: i64, p: (f64, f64)) -> Ingested {
+        let fix = Fix::new(dev, ts(secs), p.1, p.0, None, 64).unwrap();
+        self.e.ingest(&fix, self.w, &mut self.out).unwrap()
+    }
+
+    fn take(&mut self) -> Vec<(EventKind, i64, i64)> {
+        self.out
+            .drain(..)
+            .map(|e| {
+                let extra = e
+                    .dwell_s
+                    .or(e.duration_s)
+                    .map_or(0, |s| s.0.millis() / 1000);
+                (e.kind, (e.at.0 - T0) / 1000, extra)
+            })
+            .collect()
+    }
+}
+
+#[test]
+fn a_fix_behind_the_watermark_is_applied_in_its_device_time() {
+    let mut d = Delayed::new(serde_json::json!({}));
+    d.at(1000);
+    assert_eq!(d.fix("d1", 970, IN), Ingested::Accepted, "30 s late");
+    assert_eq!(d.take(), vec![(Enter, 970, 0)]);
+    assert_eq!(
+        d.e.device("d1").unwrap().frontier,
+        Some(ts(970)),
+        "the frontier is its latest fix"
+    );
+    assert_eq!(
+        d.fix("d1", 960, FAR),
+        Ingested::Late(LateReason::BehindDevice)
+    );
+    assert_eq!(d.fix("d1", 970, FAR), Ingested::Duplicate);
+    assert_eq!(
+        d.fix("d2", 1000 - 3601, IN),
+        Ingested::Late(LateReason::TooOld),
+        "more than max_delay behind"
+    );
+    assert_eq!(d.fix("d2", 1000 - 3600, IN), Ingested::Accepted);
+    let v = d.e.device("d1").unwrap();
+    assert_eq!(v.delayed.len(), 2, "{v:?}");
+    assert_eq!(v.delayed[0].late, Some(LateReason::BehindDevice));
+    assert_eq!(v.delayed[1].behind, Dur::from_secs(30));
+}
+
+#[test]
+fn a_dwell_decided_by_the_watermark_stands_against_the_queue() {
+    // Not STALE at its deadline: the silent device's DWELL fires, and its queued fixes from
+    // before the deadline are behind it.
+    let mut d = Delayed::new(serde_json::json!({"dwell": ["10m"], "stale_after": "15m"}));
+    d.at(0);
+    d.fix("d1", 0, IN);
+    d.at(700);
+    assert_eq!(d.take(), vec![(Enter, 0, 0), (Dwell, 600, 600)]);
+    assert_eq!(
+        d.fix("d1", 120, FAR),
+        Ingested::Late(LateReason::BehindDevice)
+    );
+    assert_eq!(d.fix("d1", 650, FAR), Ingested::Accepted, "after the DWELL");
+    assert_eq!(d.take(), vec![(Exit, 650, 650)]);
+}
+
+#[test]
+fn a_stale_dwell_waits_for_the_queue_and_its_presence_releases_it() {
+    // STALE at its deadline: the DWELL waits; the queue shows the device was there.
+    let mut d = Delayed::new(serde_json::json!({"dwell": ["10m"], "stale_after": "5m"}));
+    d.at(0);
+    d.fix("d1", 0, IN);
+    d.at(3000);
+    assert_eq!(
+        d.take(),
+        vec![(Enter, 0, 0)],
+        "STALE at 600: the DWELL waits"
+    );
+    // The queue, one fix per request, a second apart.
+    for (i, secs) in [200, 400, 580, 900].into_iter().enumerate() {
+        d.at(3000 + i as i64);
+        assert_eq!(d.fix("d1", secs, IN), Ingested::Accepted);
+    }
+    d.at(3010);
+    assert_eq!(
+        d.take(),
+        vec![(Dwell, 600, 600)],
+        "a fix 20 s before the deadline makes it not STALE"
+    );
+}
+
+#[test]
+fn a_queue_split_into_requests_gives_the_events_of_one_request() {
+    // The first queued fix is inside and would, on its own, release the STALE dwell; the EXIT
+    // before the deadline comes two requests later. The hold keeps the deadline waiting.
+    let props = serde_json::json!({"dwell": ["10m"], "stale_after": "5m"});
+    let queue = [(200, IN), (400, IN), (500, FAR)];
+    let run = |split: bool| {
+        let mut d = Delayed::new(props.clone());
+        d.at(0);
+        d.fix("d1", 0, IN);
+        d.at(3600);
+        for (i, &(secs, p)) in queue.iter().enumerate() {
+            if split {
+                d.at(3600 + 2 * i as i64);
+            }
+            assert_eq!(d.fix("d1", secs, p), Ingested::Accepted);
+        }
+        d.at(3700);
+        d.take()
+    };
+    let whole = run(false);
+    assert_eq!(whole, vec![(Enter, 0, 0), (Exit, 500, 500)]);
+    assert_eq!(run(true), whole);
+    // Without the hold, the split queue's first part releases the dwell before the EXIT.
+    let mut d = Delayed::new(props);
+    d.e = Engine::new(EngineConfig {
+        max_delay: Dur::from_secs(3600),
+        ..EngineConfig::default()
+    });
+    d.e.upsert_fence(
+        square(
+            "sq",
+            serde_json::json!({"dwell": ["10m"], "stale_after": "5m"}),
+        ),
+        &mut d.out,
+    );
+    d.at(0);
+    d.fix("d1", 0, IN);
+    d.at(3600);
+    assert_eq!(d.fix("d1", 200, IN), Ingested::Accepted);
+    assert_eq!(d.take(), vec![(Enter, 0, 0)], "still STALE at 600");
+    d.at(3602);
+    assert_eq!(d.fix("d1", 400, IN), Ingested::Accepted);
+    assert_eq!(
+        d.take(),
+        vec![(Dwell, 600, 600)],
+        "no hold: the deadline is judged with the queue's first parts only"
+    );
+    d.at(3604);
+    assert_eq!(
+        d.fix("d1", 500, FAR),
+        Ingested::Late(LateReason::BehindDevice),
+        "and the EXIT before it is behind the DWELL"
+    );
+}
+
+#[test]
+fn a_removed_device_holds_off_its_delayed_fixes_and_is_forgotten_later() {
+    let mut d = Delayed::new(serde_json::json!({}));
+    d.at(100);
+    d.fix("d1", 100, IN);
+    d.at(200);
+    assert!(d.e.remove_device("d1"));
+    assert!(d.e.device("d1").is_none(), "not a device to the API");
+    assert_eq!(
+        d.fix("d1", 150, IN),
+        Ingested::Late(LateReason::BehindDevice),
+        "from before the removal"
+    );
+    d.at(201);
+    assert_eq!(d.fix("d1", 201, IN), Ingested::Accepted, "a new device");
+    assert_eq!(d.take(), vec![(Enter, 100, 0), (Enter, 201, 0)]);
+    assert!(d.e.remove_device("d1"));
+    assert!(!d.e.remove_device("d1"), "a tombstone is not removed again");
+    let rule = IdleRule { ttl: Dur::ZERO };
+    assert!(d.e.expire_idle(rule, d.w, 10).is_empty());
+    d.at(201 + 3601);
+    assert_eq!(d.e.expire_idle(rule, d.w, 10), vec![Arc::<str>::from("d1")]);
+    assert!(d.e.forget_device("d1"));
+    assert_eq!(d.e.stats().devices, 0);
+}
+
+#[test]
+fn a_fence_ignores_delayed_fixes_from_before_it_existed() {
+    let mut d = Delayed::new(serde_json::json!({}));
+    d.at(1000);
+    let mut late_fence = (*square("new", serde_json::json!({}))).clone();
+    late_fence.active_since = Some(ts(1000));
+    d.e.upsert_fence(Arc::new(late_fence), &mut d.out);
+    assert_eq!(d.fix("d1", 990, IN), Ingested::Accepted);
+    assert_eq!(
+        d.take(),
+        vec![(Enter, 990, 0)],
+        "ENTER for the old fence only"
+    );
+    assert_eq!(d.out.len(), 0);
+    d.at(1002);
+    d.fix("d1", 1001, IN);
+    let fences: Vec<String> = d.out.iter().map(|e| e.fence.to_string()).collect();
+    assert_eq!(fences, vec!["new"], "from its creation on");
+}
+
+#[test]
+fn a_device_stored_without_a_frontier_gets_the_watermark_of_its_checkpoint() {
+    let mut d = Delayed::new(serde_json::json!({}));
+    d.at(100);
+    d.fix("d1", 50, IN);
+    let mut states = d.e.export();
+    assert_eq!(states[0].frontier, Some(ts(50).0));
+    states[0].frontier = None;
+    let mut e = Engine::new(d.e.config().clone());
+    e.upsert_fence(square("sq", serde_json::json!({})), &mut d.out);
+    e.restore(states, Some(ts(100))).unwrap();
+    assert_eq!(e.device("d1").unwrap().frontier, Some(ts(100)));
+    let fix = Fix::new("d1", ts(80), IN.1, IN.0, None, 64).unwrap();
+    assert_eq!(
+        e.ingest(&fix, ts(100), &mut d.out).unwrap(),
+        Ingested::Late(LateReason::BehindDevice),
+        "anything up to the watermark may have been decided"
+    );
 }

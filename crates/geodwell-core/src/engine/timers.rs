@@ -105,7 +105,7 @@ impl Engine {
                     d,
                     self.reorders.get_mut(&d).and_then(|r| {
                         r.flush_due = NO_TICK;
-                        r.fixes.first().map(|b| b.ts)
+                        r.ready()
                     }),
                 ),
                 TimerOwner::Pair(slot) => {
@@ -152,8 +152,14 @@ impl Engine {
         self.wheel.sweep(budget, |k| entry_live(k, pairs, reorders))
     }
 
-    /// Puts pair `slot` (of device `d`) on the wheel at its next internal event.
+    /// Puts pair `slot` (of device `d`) on the wheel at its next internal event; a pair of a
+    /// device on its delay hold is parked (no entry: the device's own timer brings it back when
+    /// the hold ends, so nothing wakes for steps the hold keeps waiting).
     pub(super) fn resched_pair(&mut self, d: DeviceSlot, slot: PairSlot) {
+        let held = match (self.watermark, self.reorders.get(&d)) {
+            (Some(w), Some(r)) => r.held_at(w),
+            _ => false,
+        };
         let pair = &mut self.pairs[slot.index()];
         let Some(fence) = self.fences.get(pair.fence) else {
             return;
@@ -161,7 +167,11 @@ impl Engine {
         // An internal event at t is processed once the watermark passes t: it is ready at
         // t + 1 ms. The wheel entry goes in the tick holding that instant; the current tick's
         // work waits in `soon`, ordered by exact time.
-        let ready = pair.next_internal(&fence.settings).map(|t| t.plus(Dur(1)));
+        let ready = if held {
+            None
+        } else {
+            pair.next_internal(&fence.settings).map(|t| t.plus(Dur(1)))
+        };
         let now = self.wheel.now().0;
         let (due, soon) = match ready.map(|r| (r, self.clock.completed_tick(r).0)) {
             Some((r, k)) if k <= now => (None, Some(r)),
@@ -185,18 +195,14 @@ impl Engine {
         }
     }
 
-    /// Puts device `d`'s flush timer at its earliest buffered fix, and drops the reorder block
-    /// once nothing waits in it.
+    /// Puts device `d`'s flush timer at its earliest buffered fix or the end of its delay hold,
+    /// and drops the reorder block once nothing waits in it and no hold is on.
     pub(super) fn resched_device(&mut self, d: DeviceSlot) {
         let Some(reorder) = self.reorders.get_mut(&d) else {
             return;
         };
         let now = self.wheel.now().0;
-        let due = match reorder
-            .fixes
-            .first()
-            .map(|b| (b.ts, self.clock.completed_tick(b.ts).0))
-        {
+        let due = match reorder.ready().map(|r| (r, self.clock.completed_tick(r).0)) {
             Some((r, k)) if k <= now => {
                 self.soon.push(Reverse((r, d)));
                 None
@@ -216,7 +222,7 @@ impl Engine {
                     .schedule(TimerOwner::Flush(d).key(reorder.flush_gen), Tick(due));
             }
         }
-        if reorder.fixes.is_empty() && reorder.flush_due == NO_TICK {
+        if reorder.is_idle() && reorder.flush_due == NO_TICK {
             // An idle device keeps no reorder block: one per parked device would cost ~170 MB
             // at a million devices.
             self.reorders.remove(&d);

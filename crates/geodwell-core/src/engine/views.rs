@@ -11,16 +11,34 @@
 use std::sync::Arc;
 
 use crate::pairs::PairView;
+use crate::time::Ts;
 
 use super::records::{DeviceSlot, PairSlot, pair_device, pairs_of};
 use super::{DeviceSummary, DeviceView, Engine, Occupant};
 
+/// A device's delayed fixes the device view shows at most.
+pub const DELAYED_SHOWN: usize = 8;
+
 impl Engine {
+    /// Whether slot `d` holds a removed device kept only for its frontier (a tombstone: no fix
+    /// applied, none buffered, no pair). It is not a device to the API.
+    pub(super) fn is_tombstone(&self, d: DeviceSlot) -> bool {
+        let dev = &self.devices[d.index()];
+        dev.last_applied().is_none()
+            && dev.frontier().is_some()
+            && dev.first_pair == super::records::NO_PAIR
+            && !self.reorders.contains_key(&d)
+    }
+
     /// The state of device `id`: its last applied fix and position, how many fixes it buffers,
-    /// and its pairs by fence id; `None` for a device the engine has never seen.
+    /// its pairs by fence id, its frontier and delay hold, and its latest delayed fixes; `None`
+    /// for a device the engine does not hold (never seen, or removed).
     pub fn device(&self, id: &str) -> Option<DeviceView> {
         let d = self.device_ids.get(&self.ids, id)?;
         let dev = &self.devices[d.index()];
+        if self.is_tombstone(d) {
+            return None;
+        }
         let mut pairs: Vec<(Arc<str>, PairView)> = pairs_of(&self.devices, &self.pairs, d)
             .filter_map(|p| {
                 let pair = &self.pairs[p.index()];
@@ -29,12 +47,27 @@ impl Engine {
             })
             .collect();
         pairs.sort_by(|a, b| a.0.cmp(&b.0));
+        let reorder = self.reorders.get(&d);
+        let delayed = self
+            .delayed
+            .iter()
+            .rev()
+            .filter(|(slot, _)| *slot == d)
+            .map(|(_, f)| *f)
+            .take(DELAYED_SHOWN)
+            .collect();
         Some(DeviceView {
             id: Arc::from(self.ids.get(dev.id)),
             last_fix_at: dev.last_applied(),
             last_position: dev.last_position(),
-            buffered: self.reorders.get(&d).map_or(0, |r| r.fixes.len()),
+            buffered: reorder.map_or(0, |r| r.fixes.len()),
             pairs,
+            frontier: dev.frontier(),
+            hold_until: match (reorder, self.watermark) {
+                (Some(r), Some(w)) if r.held_at(w) => Some(Ts(r.hold_until)),
+                _ => None,
+            },
+            delayed,
         })
     }
 
@@ -47,7 +80,7 @@ impl Engine {
         let start = (from as usize).min(self.devices.len());
         let end = start.saturating_add(limit).min(self.devices.len());
         let page = (start..end)
-            .filter(|&d| !self.devices[d].is_free())
+            .filter(|&d| !self.devices[d].is_free() && !self.is_tombstone(DeviceSlot(d as u32)))
             .map(|d| {
                 let dev = &self.devices[d];
                 let mut inside: Vec<Arc<str>> =

@@ -188,6 +188,12 @@ pub struct Fence {
     /// Optional human-readable name (`properties.name`), kept, served back and carried by
     /// every event of the fence (shared, not copied, by each event).
     pub name: Option<Arc<str>>,
+    /// The watermark when the fence was created: a fix before it never starts a pair with the
+    /// fence (a delayed fix applied after the fence exists makes no ENTER from before it
+    /// existed). `None`: every fix counts (fences from a preload or created before any
+    /// watermark). Set by the service, kept across replacements; served and stored as the
+    /// Feature's foreign member `active_since`.
+    pub active_since: Option<crate::time::Ts>,
     pub(crate) shape: Shape,
 }
 

@@ -168,9 +168,19 @@ fn build(
         id: Arc::from(id?),
         settings,
         name: name.map(Arc::from),
+        active_since: active_since(f),
         shape: shape?,
     })
 }
+
+/// The foreign member `active_since` (RFC 3339) of a stored Feature; anything else is none.
+fn active_since(f: &Feature) -> Option<crate::time::Ts> {
+    let v = f.foreign_members.as_ref()?.get(ACTIVE_SINCE)?.as_str()?;
+    crate::time::Ts::parse_rfc3339(v).ok()
+}
+
+/// The Feature member that carries [`Fence::active_since`].
+pub const ACTIVE_SINCE: &str = "active_since";
 
 impl Fence {
     /// Validates a GeoJSON Feature into a fence. `id_override` is the id the caller addresses

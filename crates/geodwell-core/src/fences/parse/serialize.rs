@@ -114,7 +114,11 @@ impl Fence {
             geometry: Some(Geometry::new(value)),
             id: Some(Id::String(self.id.to_string())),
             properties: Some(props_json(&self.settings, self.name.as_deref(), radius)),
-            foreign_members: None,
+            foreign_members: self.active_since.map(|t| {
+                let mut m = serde_json::Map::new();
+                m.insert(super::ACTIVE_SINCE.into(), t.to_rfc3339().into());
+                m
+            }),
         }
     }
 }
