@@ -36,13 +36,29 @@ pub struct RejectedItem {
     pub message: String,
 }
 
+/// One late item of a batch.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct LateItem {
+    /// Position of the item in the request.
+    pub index: usize,
+    /// Why it is late: `too_old` (more than `time.max_delay` behind the watermark) or
+    /// `behind_device` (at or before its device's frontier: something decided for the device
+    /// since would be contradicted).
+    #[schema(value_type = String, example = "behind_device")]
+    pub reason: &'static str,
+}
+
 /// The answer to a batch of fixes.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct IngestReport {
     /// Fixes buffered or applied.
     pub accepted: usize,
-    /// Fixes older than the watermark or than their device's last fix.
+    /// Fixes not applied because they came too late (`late_items` says why, per item).
     pub late: usize,
+    /// One entry per late item, in index order; absent when none is late.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[schema(nullable = false)]
+    pub late_items: Vec<LateItem>,
     /// Fixes with the timestamp of one already held for their device.
     pub duplicate: usize,
     /// Items rejected (see `errors`).
@@ -280,6 +296,14 @@ impl Ingest {
             }
         }
         let wall_now = self.now();
+        if self.watermark.mode() == crate::config::ClockMode::Live {
+            for part in &parts {
+                for f in part {
+                    let delay = wall_now.since(f.fix.ts).millis().max(0);
+                    metrics::histogram!(t::FIX_ARRIVAL_DELAY).record(delay as f64 / 1000.0);
+                }
+            }
+        }
         let replies = self.shards.send_batch_with(parts, arrived, |parts| {
             let mut max_w = None;
             let mut stamper = self.watermark.stamper();
@@ -302,6 +326,27 @@ impl Ingest {
             Err(SendError::Closed) => Err(BatchError::ShuttingDown),
         }
     }
+}
+
+/// Least time between two warnings about late fixes.
+const LATE_WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Logs at WARN that late fixes were dropped, at most once per [`LATE_WARN_EVERY`] (the counts
+/// are in `geodwell_fixes_late_total{reason}`; the log says it is happening).
+fn warn_late(report: &IngestReport) {
+    static LAST: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
+    if last.is_some_and(|t| t.elapsed() < LATE_WARN_EVERY) {
+        return;
+    }
+    *last = Some(Instant::now());
+    let count = |r: &str| report.late_items.iter().filter(|i| i.reason == r).count();
+    tracing::warn!(
+        late = report.late,
+        too_old = count("too_old"),
+        behind_device = count("behind_device"),
+        "late fixes dropped (not applied; see geodwell_fixes_late_total and GET /v1/devices/{{id}}); more are logged at most every 10 s"
+    );
 }
 
 fn reject(report: &mut IngestReport, index: usize, e: &ItemError) {
@@ -330,9 +375,13 @@ impl Dispatched {
             for (index, o) in outcomes {
                 match o {
                     Ok(Ingested::Accepted) => report.accepted += 1,
-                    Ok(Ingested::Late) => {
-                        counter!(t::FIXES_LATE).increment(1);
-                        report.late += 1
+                    Ok(Ingested::Late(reason)) => {
+                        counter!(t::FIXES_LATE, "reason" => reason.as_str()).increment(1);
+                        report.late += 1;
+                        report.late_items.push(LateItem {
+                            index,
+                            reason: reason.as_str(),
+                        });
                     }
                     Ok(Ingested::Duplicate) => {
                         counter!(t::FIXES_DUPLICATE).increment(1);
@@ -343,7 +392,11 @@ impl Dispatched {
             }
         }
         report.errors.sort_by_key(|e| e.index);
+        report.late_items.sort_by_key(|e| e.index);
         report.rejected = report.errors.len();
+        if report.late > 0 {
+            warn_late(&report);
+        }
         Ok(report)
     }
 }

@@ -167,7 +167,10 @@ impl Service {
                 checkpoints: checkpointer.as_ref().map(|(c, _)| c.tx.clone()),
                 shutdown: shard_stop.clone(),
                 queue: cfg.shard_queue,
-                idle: (cfg.idle_ttl > Dur::ZERO).then_some(IdleRule { ttl: cfg.idle_ttl }),
+                // Also without idle_ttl when removed devices keep tombstones (max_delay), which the sweep
+                // forgets once they are past it (ttl 0: tombstones only).
+                idle: (cfg.idle_ttl > Dur::ZERO || cfg.max_delay > Dur::ZERO)
+                    .then_some(IdleRule { ttl: cfg.idle_ttl }),
             },
         );
         let registry = Arc::new(FenceRegistry::new(

@@ -20,6 +20,8 @@ pub const FIXES_RECEIVED: &str = "geodwell_fixes_received_total";
 pub const FIXES_REJECTED: &str = "geodwell_fixes_rejected_total";
 /// Late fixes (counted, not applied).
 pub const FIXES_LATE: &str = "geodwell_fixes_late_total";
+/// How long after its `ts` a fix arrived (live clock), seconds.
+pub const FIX_ARRIVAL_DELAY: &str = "geodwell_fix_arrival_delay_seconds";
 /// Duplicate fixes (counted, not applied).
 pub const FIXES_DUPLICATE: &str = "geodwell_fixes_duplicate_total";
 /// Events emitted, by `type`.
@@ -309,8 +311,10 @@ pub fn install() -> PrometheusHandle {
             .set(1.0);
             process_collector().describe();
             process_collector().collect();
+            for reason in geodwell_core::engine::LateReason::ALL {
+                metrics::counter!(FIXES_LATE, "reason" => reason.as_str()).absolute(0);
+            }
             for c in [
-                FIXES_LATE,
                 FIXES_DUPLICATE,
                 STORE_COMMITS,
                 STORE_COMMIT_FAILURES,
@@ -385,7 +389,15 @@ fn describe() {
     );
     describe_counter!(FIXES_RECEIVED, "Fixes received, by transport.");
     describe_counter!(FIXES_REJECTED, "Fixes rejected, by reason.");
-    describe_counter!(FIXES_LATE, "Late fixes: counted, not applied.");
+    describe_counter!(
+        FIXES_LATE,
+        "Late fixes, counted and not applied, by reason: too_old (more than time.max_delay behind the watermark) or behind_device (at or before the device's frontier)."
+    );
+    describe_histogram!(
+        FIX_ARRIVAL_DELAY,
+        Unit::Seconds,
+        "How long after its own ts a fix arrived (wall clock minus ts, live clock only; 0 for a fix from the future)."
+    );
     describe_counter!(FIXES_DUPLICATE, "Duplicate fixes: counted, not applied.");
     describe_counter!(EVENTS_EMITTED, "Events emitted, by type.");
     describe_gauge!(PAIRS_LIVE, "Live device-fence pair records, by shard.");

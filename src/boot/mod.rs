@@ -386,6 +386,8 @@ pub fn boot(cfg: &Config) -> Result<Booted, BootError> {
         // spread unevenly.
         max_devices: cfg.max_devices.div_ceil(cfg.shards.max(1)),
         track_dirty: store.is_some(),
+        max_delay: cfg.delay_rules().0,
+        delay_hold: cfg.delay_rules().1,
     };
     // The event log's tail is rebuilt on a thread of its own while the shards restore and
     // replay: the two do not depend on each other until the replay's events are matched.

@@ -250,6 +250,8 @@ mod tests {
             last_position: Some((53.5, -9.9)),
             buffer: vec![(1_700_000_001_000, 53.6, -9.8, Some(4.0))],
             pairs: Vec::<(String, PairState)>::new(),
+            frontier: Some(1_700_000_000_000),
+            hold_until: None,
         }
     }
 

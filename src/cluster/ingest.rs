@@ -41,7 +41,7 @@ use crate::events::publisher::{FixOutcome, PublishError, StepReply};
 use crate::shard::{SendError, StampedFix};
 use crate::store::codec::{DecodeError, Reader, put_uv};
 use crate::telemetry as t;
-use geodwell_core::engine::{IngestError, Ingested};
+use geodwell_core::engine::{IngestError, Ingested, LateReason};
 
 /// The header naming who waits for a part's outcomes: `<node>.<request>`.
 pub const REPLY_HEADER: &str = "Geodwell-Reply";
@@ -416,8 +416,8 @@ async fn publish(
 pub enum Outcome {
     /// Accepted.
     Accepted,
-    /// Late.
-    Late,
+    /// Late, for the reason given.
+    Late(LateReason),
     /// Duplicate.
     Duplicate,
     /// Refused: the partition holds as many devices as it may.
@@ -430,7 +430,7 @@ impl Outcome {
     fn of(r: &Result<Ingested, IngestError>) -> Outcome {
         match r {
             Ok(Ingested::Accepted) => Outcome::Accepted,
-            Ok(Ingested::Late) => Outcome::Late,
+            Ok(Ingested::Late(r)) => Outcome::Late(*r),
             Ok(Ingested::Duplicate) => Outcome::Duplicate,
             Err(IngestError::TooManyDevices { .. }) => Outcome::TooManyDevices,
             Err(IngestError::BufferFull { max, .. }) => Outcome::BufferFull(*max as u64),
@@ -440,7 +440,7 @@ impl Outcome {
     fn into_result(self, device: &str) -> Result<Ingested, IngestError> {
         match self {
             Outcome::Accepted => Ok(Ingested::Accepted),
-            Outcome::Late => Ok(Ingested::Late),
+            Outcome::Late(r) => Ok(Ingested::Late(r)),
             Outcome::Duplicate => Ok(Ingested::Duplicate),
             Outcome::TooManyDevices => Err(IngestError::TooManyDevices {
                 device: Arc::from(device),
@@ -453,8 +453,9 @@ impl Outcome {
     }
 }
 
-/// Encodes a part's outcomes: `uv req`, `uv n`, then per fix a code (0 accepted, 1 late,
-/// 2 duplicate, 3 too many devices, 4 buffer full + `uv max`).
+/// Encodes a part's outcomes: `uv req`, `uv n`, then per fix a code (0 accepted, 1 late as too
+/// old, 2 duplicate, 3 too many devices, 4 buffer full + `uv max`, 5 late as behind its
+/// device).
 pub fn encode_outcomes(req: u64, outcomes: &[Result<Ingested, IngestError>]) -> Vec<u8> {
     let mut out = Vec::with_capacity(4 + outcomes.len());
     put_uv(&mut out, req);
@@ -462,7 +463,8 @@ pub fn encode_outcomes(req: u64, outcomes: &[Result<Ingested, IngestError>]) -> 
     for o in outcomes {
         match Outcome::of(o) {
             Outcome::Accepted => out.push(0),
-            Outcome::Late => out.push(1),
+            Outcome::Late(LateReason::TooOld) => out.push(1),
+            Outcome::Late(LateReason::BehindDevice) => out.push(5),
             Outcome::Duplicate => out.push(2),
             Outcome::TooManyDevices => out.push(3),
             Outcome::BufferFull(max) => {
@@ -483,7 +485,8 @@ pub fn decode_outcomes(b: &[u8]) -> Result<(u64, Vec<Outcome>), DecodeError> {
     for _ in 0..n {
         out.push(match r.u8()? {
             0 => Outcome::Accepted,
-            1 => Outcome::Late,
+            1 => Outcome::Late(LateReason::TooOld),
+            5 => Outcome::Late(LateReason::BehindDevice),
             2 => Outcome::Duplicate,
             3 => Outcome::TooManyDevices,
             4 => Outcome::BufferFull(r.uv()?),
@@ -507,7 +510,8 @@ mod tests {
         let d: Arc<str> = Arc::from("d");
         let all = vec![
             Ok(Ingested::Accepted),
-            Ok(Ingested::Late),
+            Ok(Ingested::Late(LateReason::TooOld)),
+            Ok(Ingested::Late(LateReason::BehindDevice)),
             Ok(Ingested::Duplicate),
             Err(IngestError::TooManyDevices { device: d.clone() }),
             Err(IngestError::BufferFull {

@@ -132,9 +132,14 @@ impl ClusterNode {
                 max_buffered_per_device: cfg.max_buffered_per_device,
                 max_devices: cfg.max_devices.div_ceil(partitions.max(1)),
                 track_dirty: true,
+                max_delay: cfg.delay_rules().0,
+                delay_hold: cfg.delay_rules().1,
             },
             max_device_len: cfg.max_device_len,
-            idle: (cfg.idle_ttl > geodwell_core::time::Dur::ZERO)
+            // Also without idle_ttl when removed devices keep tombstones (max_delay), which the
+            // sweep forgets once they are past it (ttl 0: tombstones only).
+            idle: (cfg.idle_ttl > geodwell_core::time::Dur::ZERO
+                || cfg.max_delay > geodwell_core::time::Dur::ZERO)
                 .then_some(geodwell_core::engine::IdleRule { ttl: cfg.idle_ttl }),
             checkpoint_every: Duration::from_millis(cc.checkpoint_interval.millis().max(100) as u64),
             board: Arc::new(status::Board::default()),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use geodwell_core::engine::{DeviceSummary, DeviceView, Engine, Occupant};
+use geodwell_core::engine::{DelayedFix, DeviceSummary, DeviceView, Engine, LateReason, Occupant};
 use geodwell_core::pairs::PairView;
 use geodwell_core::time::{Dur, Ts};
 
@@ -76,6 +76,21 @@ struct WireDevice {
     last_position: Option<(f64, f64)>,
     buffered: usize,
     pairs: Vec<WirePair>,
+    /// Absent from a node that keeps no frontier.
+    #[serde(default)]
+    frontier: Option<i64>,
+    #[serde(default)]
+    hold_until: Option<i64>,
+    #[serde(default)]
+    delayed: Vec<WireDelayed>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct WireDelayed {
+    ts: i64,
+    behind_ms: i64,
+    /// `None`: applied; else the late reason.
+    late: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -197,6 +212,17 @@ pub fn encode_device(d: Option<DeviceView>) -> Vec<u8> {
         last_fix_at: d.last_fix_at.map(|t| t.0),
         last_position: d.last_position,
         buffered: d.buffered,
+        frontier: d.frontier.map(|t| t.0),
+        hold_until: d.hold_until.map(|t| t.0),
+        delayed: d
+            .delayed
+            .iter()
+            .map(|f| WireDelayed {
+                ts: f.ts.0,
+                behind_ms: f.behind.millis(),
+                late: f.late.map(|r| r.as_str().to_string()),
+            })
+            .collect(),
         pairs: d
             .pairs
             .into_iter()
@@ -218,6 +244,21 @@ pub fn decode_device(b: &[u8]) -> Result<Option<DeviceView>, String> {
             .pairs
             .into_iter()
             .map(|p| (Arc::from(p.fence.as_str()), view_of(p)))
+            .collect(),
+        frontier: d.frontier.map(Ts),
+        hold_until: d.hold_until.map(Ts),
+        delayed: d
+            .delayed
+            .into_iter()
+            .map(|f| DelayedFix {
+                ts: Ts(f.ts),
+                behind: geodwell_core::time::Dur(f.behind_ms),
+                late: match f.late.as_deref() {
+                    Some("too_old") => Some(LateReason::TooOld),
+                    Some(_) => Some(LateReason::BehindDevice),
+                    None => None,
+                },
+            })
             .collect(),
     }))
 }
@@ -267,6 +308,13 @@ mod tests {
             last_fix_at: Some(Ts(1_700_000_000_000)),
             last_position: Some((53.5, -9.9)),
             buffered: 2,
+            frontier: Some(Ts(1_700_000_000_000)),
+            hold_until: Some(Ts(1_700_000_005_000)),
+            delayed: vec![DelayedFix {
+                ts: Ts(1_699_999_990_000),
+                behind: Dur::from_secs(12),
+                late: Some(LateReason::BehindDevice),
+            }],
             pairs: vec![(
                 Arc::from("depot-3"),
                 PairView {

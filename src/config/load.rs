@@ -24,6 +24,18 @@ pub struct Sources<'a> {
 }
 
 impl Config {
+    /// The engine's rules for delayed data: `time.max_delay`, and `time.delay_hold` but never
+    /// less than the lateness (a device's own queue arrives at least as spread as the disorder
+    /// the watermark absorbs).
+    pub fn delay_rules(&self) -> (geodwell_core::time::Dur, geodwell_core::time::Dur) {
+        let hold = if self.delay_hold > geodwell_core::time::Dur::ZERO {
+            self.delay_hold.max(self.lateness)
+        } else {
+            self.delay_hold
+        };
+        (self.max_delay, hold)
+    }
+
     /// The embedded defaults (with `cores` shards when `shards = 0`).
     pub fn defaults(cores: usize) -> Config {
         Config::load(None, &BTreeMap::new(), cores).expect("the embedded default config is valid")
@@ -211,6 +223,8 @@ impl Config {
             clock: b.clock("clock"),
             lateness: b.dur("lateness"),
             max_future: b.dur("max_future"),
+            max_delay: b.dur("max_delay"),
+            delay_hold: b.dur("delay_hold"),
             tick: b.dur("tick"),
             max_fires_per_tick: b.count("max_fires_per_tick"),
             fences_file: b.preload("fences_file"),

@@ -89,6 +89,12 @@ pub struct Config {
     pub lateness: Dur,
     /// Largest accepted lead of a fix's `ts` over the wall clock.
     pub max_future: Dur,
+    /// How far behind the watermark a fix may be and still be applied in its device's own
+    /// event time (`0`: none may).
+    pub max_delay: Dur,
+    /// How long a device whose fix arrived behind the watermark keeps its steps at its latest
+    /// fix, waiting for the rest of its queue (at least the lateness: [`Config::delay_hold`]).
+    pub delay_hold: Dur,
     /// Wheel tick.
     pub tick: Dur,
     /// Per-tick fire cap per shard.

@@ -77,6 +77,8 @@ pub(super) const SCHEMA: &[(&str, &str, Kind)] = &[
     ("time", "clock", Kind::Clock),
     ("time", "lateness", Kind::Duration { zero_ok: true }),
     ("time", "max_future", Kind::Duration { zero_ok: true }),
+    ("time", "max_delay", Kind::Duration { zero_ok: true }),
+    ("time", "delay_hold", Kind::Duration { zero_ok: true }),
     ("time", "tick", Kind::Duration { zero_ok: false }),
     (
         "time",

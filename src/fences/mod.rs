@@ -25,6 +25,7 @@ use crate::events::publisher::{PublishError, Publisher, Step};
 use crate::shard::Shards;
 use crate::store::input::{FenceChange, encode_fence_change};
 use geodwell_core::fences::{Fence, FenceErrors, FenceLimits, Rect, parse_fences};
+use geodwell_core::time::Ts;
 
 mod map;
 
@@ -235,10 +236,19 @@ impl FenceRegistry {
     }
 
     /// Creates or replaces `fences`, all or nothing.
-    pub async fn put(&self, fences: Vec<Fence>) -> Result<Written, FenceWriteError> {
+    ///
+    /// A new fence becomes active at the watermark `w` (fixes before it never start a pair
+    /// with it, [`Fence::active_since`]); a replaced one keeps the time it became active.
+    pub async fn put(&self, fences: Vec<Fence>, w: Option<Ts>) -> Result<Written, FenceWriteError> {
         let fences: Vec<Stored> = fences
             .into_iter()
-            .map(|f| Stored::new(Arc::new(f)))
+            .map(|mut f| {
+                f.active_since = match self.map.get(&f.id) {
+                    Some(s) => s.fence.active_since,
+                    None => w,
+                };
+                Stored::new(Arc::new(f))
+            })
             .collect();
         let max = self.max_fences;
         let check = |map: &FenceMap| {

@@ -29,11 +29,27 @@ use utoipa::ToSchema;
 /// `GET /v1/devices/{id}` answer.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct DeviceOut {
+    /// How far behind the watermark the device's latest applied fix arrived, seconds (0: on
+    /// time, or no longer remembered).
+    pub arrival_lag_s: f64,
     /// Fixes waiting for the watermark.
     pub buffered: u64,
+    /// The device's latest fixes that arrived behind the watermark, newest first (at most 8,
+    /// while the shard still remembers them), applied or late.
+    pub delayed: Vec<DelayedOut>,
     /// Device id.
     #[schema(value_type = String)]
     pub device: Arc<str>,
+    /// The device's frontier: the latest event time of anything decided for it (its latest
+    /// applied fix, its events, its run expiries). A fix at or before it is late
+    /// (`behind_device`); a later one is applied, even behind the watermark.
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub frontier: Option<Ts>,
+    /// While the device's delay hold is on: the watermark at which it ends (its dwell
+    /// deadlines and run expiries wait at its latest fix until then). Absent otherwise.
+    #[schema(value_type = Option<String>, format = DateTime, nullable = false)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hold_until: Option<Ts>,
     /// Latest applied fix time.
     #[schema(value_type = Option<String>, format = DateTime)]
     pub last_fix_at: Option<Ts>,
@@ -41,6 +57,19 @@ pub struct DeviceOut {
     pub last_position: Option<Position>,
     /// Pairs by fence.
     pub pairs: Vec<PairOut>,
+}
+
+/// A fix that arrived behind the watermark.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DelayedOut {
+    /// How far behind the watermark it arrived, seconds.
+    pub behind_s: f64,
+    /// `applied`, or why it was late: `too_old`, `behind_device`.
+    #[schema(value_type = String, example = "applied")]
+    pub outcome: &'static str,
+    /// Its time.
+    #[schema(value_type = String, format = DateTime)]
+    pub ts: Ts,
 }
 
 /// A position.
@@ -145,7 +174,7 @@ pub struct DevicePage {
 
 /// `GET /v1/devices/{id}`.
 #[utoipa::path(get, path = "/v1/devices/{id}", tag = "devices",
-    description = "A device's last fix and its pairs' states. Scope: read.",
+    description = "A device's last fix, its pairs' states, its frontier (a fix at or before it is late) and delay hold, and its latest fixes that arrived behind the watermark. Scope: read.",
     params(("id" = String, Path, description = "Device id")),
     responses(
         (status = 200, description = "The device", body = DeviceOut),
@@ -161,9 +190,26 @@ pub async fn get_device(
     let view = st.shards().device(&id).await?.ok_or_else(|| {
         ApiError::not_found("device_not_found", format!("no device with id {id:?}"))
     })?;
+    let arrival_lag_s = view
+        .delayed
+        .iter()
+        .find(|f| f.late.is_none() && Some(f.ts) == view.last_fix_at)
+        .map_or(0.0, |f| f.behind.millis() as f64 / 1000.0);
     Ok(Json(DeviceOut {
+        arrival_lag_s,
         buffered: view.buffered as u64,
+        delayed: view
+            .delayed
+            .iter()
+            .map(|f| DelayedOut {
+                behind_s: f.behind.millis() as f64 / 1000.0,
+                outcome: f.late.map_or("applied", |r| r.as_str()),
+                ts: f.ts,
+            })
+            .collect(),
         device: view.id,
+        frontier: view.frontier,
+        hold_until: view.hold_until,
         last_fix_at: view.last_fix_at,
         last_position: view.last_position.map(|(lat, lon)| Position { lat, lon }),
         pairs: view
@@ -199,7 +245,7 @@ pub(crate) fn device_paging(
 
 /// `DELETE /v1/devices/{id}`.
 #[utoipa::path(delete, path = "/v1/devices/{id}", tag = "devices",
-    description = "Forgets a device: its pairs, pending timers and buffered fixes are dropped and no EXIT is emitted (an open visit stays open in the event history). A later fix of the same id starts a new device. Durable before the answer. Scope: admin.",
+    description = "Forgets a device: its pairs, pending timers and buffered fixes are dropped and no EXIT is emitted (an open visit stays open in the event history). A later fix of the same id starts a new device; a delayed fix from before the removal is late (behind_device). Durable before the answer. Scope: admin.",
     params(("id" = String, Path, description = "Device id")),
     responses(
         (status = 204, description = "Removed"),

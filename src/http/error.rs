@@ -54,7 +54,7 @@ pub enum ErrorDetails {
     /// `no_valid_fixes` (`POST /v1/fixes`) and the item errors of the tracker endpoints: the
     /// whole ingest report.
     #[serde(serialize_with = "sorted_keys")]
-    Report(IngestReport),
+    Report(Box<IngestReport>),
     /// `invalid_fence`: one entry per problem, in document order.
     Fence(Vec<FenceProblem>),
     /// `invalid_webhook`: one entry per invalid field.
@@ -317,7 +317,7 @@ mod tests {
             ..IngestReport::default()
         };
         let e = ApiError::unprocessable("no_valid_fixes", "all 1 fixes were rejected")
-            .with_details(ErrorDetails::Report(report));
+            .with_details(ErrorDetails::Report(Box::new(report)));
         assert_eq!(
             body_text(e).await,
             r#"{"error":{"code":"no_valid_fixes","details":{"accepted":0,"duplicate":0,"errors":[{"code":"missing_field","index":0,"message":"lat is required"}],"late":0,"rejected":1},"message":"all 1 fixes were rejected"}}"#

@@ -157,7 +157,7 @@ pub async fn put_fence(
     };
     let fence = st.fences().validate_feature(&feature, &id)?;
     let body = FenceOut(fence.to_feature());
-    let created = st.fences().put(vec![fence]).await?.created == 1;
+    let created = st.fences().put(vec![fence], st.watermark()).await?.created == 1;
     let status = if created {
         StatusCode::CREATED
     } else {
@@ -189,7 +189,7 @@ pub async fn post_fences(
         .map_err(|e| ApiError::bad_request("bad_body", e.to_string()))?;
     let fences = st.fences().validate_geojson(&parse_geojson(text)?)?;
     let ids: Vec<String> = fences.iter().map(|f| f.id.to_string()).collect();
-    let w = st.fences().put(fences).await?;
+    let w = st.fences().put(fences, st.watermark()).await?;
     Ok((
         StatusCode::CREATED,
         Json(FencesWritten {

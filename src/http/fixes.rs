@@ -78,7 +78,7 @@ pub fn report_response(report: IngestReport) -> Result<Json<IngestReport>, ApiEr
     if report.rejected > 0 && report.accepted + report.late + report.duplicate == 0 {
         let msg = format!("all {} fixes were rejected", report.rejected);
         return Err(ApiError::unprocessable("no_valid_fixes", msg)
-            .with_details(ErrorDetails::Report(report)));
+            .with_details(ErrorDetails::Report(Box::new(report))));
     }
     Ok(Json(report))
 }

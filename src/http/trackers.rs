@@ -268,7 +268,7 @@ fn answer<T>(report: IngestReport, ok: impl FnOnce(IngestReport) -> T) -> Result
     }
     let (code, message) = (report.errors[0].code, report.errors[0].message.clone());
     let buffer_full = report.errors.iter().all(|e| e.code == ItemCode::BufferFull);
-    let details = ErrorDetails::Report(report);
+    let details = ErrorDetails::Report(Box::new(report));
     if buffer_full {
         return Err(ApiError {
             status: StatusCode::SERVICE_UNAVAILABLE,

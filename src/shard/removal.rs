@@ -3,8 +3,8 @@
 //! way.
 
 /// Applies a removal record to `engine` (a replay, or a cluster partition reading its input):
-/// first the watermark it was made at, then each device, only if still idle when the record
-/// says so. Returns how many devices it removed.
+/// first the watermark it was made at, then each device: removed outright, or (an idle
+/// expiry) forgotten if still idle. Returns how many devices it removed.
 pub fn apply_removal(
     engine: &mut geodwell_core::engine::Engine,
     r: &crate::store::input::Removal,
@@ -16,12 +16,17 @@ pub fn apply_removal(
     let w = engine.watermark();
     let mut removed = 0;
     for id in &r.ids {
-        let go = match (r.idle, w) {
-            (None, _) => true,
-            (Some(ttl), Some(w)) => engine.is_idle(id, geodwell_core::engine::IdleRule { ttl }, w),
+        let gone = match (r.idle, w) {
+            // A removal: the device is dropped (a tombstone kept while delayed fixes may come).
+            (None, _) => engine.remove_device(id),
+            // Idle expiry: forgotten entirely, if still idle.
+            (Some(ttl), Some(w)) => {
+                engine.is_idle(id, geodwell_core::engine::IdleRule { ttl }, w)
+                    && engine.forget_device(id)
+            }
             (Some(_), None) => false,
         };
-        if go && engine.remove_device(id) {
+        if gone {
             removed += 1;
         }
     }

@@ -438,13 +438,13 @@ fn expire_idle(
         return Handled::default();
     }
     for id in &ids {
-        engine.remove_device(id);
+        engine.forget_device(id);
     }
     metrics::counter!(t::DEVICES_REMOVED, "reason" => "idle").increment(ids.len() as u64);
-    // Removed outright on replay too: they were idle here, and the replay is at the same state.
+    // Forgotten on replay too: the replay is at the same state, so they are idle there as here.
     let rec = Removal {
         w_before: Some(w),
-        idle: None,
+        idle: Some(rule.ttl),
         ids: ids.iter().map(|s| s.to_string()).collect(),
     };
     removal_record(ctx, &rec)

@@ -3,10 +3,13 @@
 //! Device record layout (the device id is the table key and is not repeated):
 //!
 //! ```text
-//! u8      format tag (DEVICE_FORMAT)
-//! u8      flags: bit 0 = last_applied present, bit 1 = last_position present
+//! u8      format tag (DEVICE_FORMAT = 2; 1 is read too)
+//! u8      flags: bit 0 = last_applied present, bit 1 = last_position present,
+//!         bit 2 = frontier present, bit 3 = hold_until present (bits 2 and 3: format 2 only)
 //! [zz]    last_applied (Unix ms)                    if bit 0
 //! [f64 f64] last_position (lat, lon), little endian if bit 1
+//! [zz]    frontier (Unix ms)                        if bit 2
+//! [zz]    hold_until (Unix ms)                      if bit 3
 //! uv      buffer length, then per fix:
 //!           zz ts, f64 lat, f64 lon, u8 has_accuracy, [f64 accuracy]
 //! uv      pair count, then per pair:
@@ -20,13 +23,19 @@
 //!
 //! Invariant: the encoding is a pure function of the fields of [`DeviceState`] and
 //! [`PairState`]; both are destructured exhaustively here, so adding a field to either fails to
-//! compile until this codec (and [`super::SCHEMA_VERSION`]) is updated.
+//! compile until this codec (and [`super::SCHEMA_VERSION`], or the record's own format tag) is
+//! updated. Each record carries its format tag: format 1 (before devices kept a frontier and a
+//! delay hold) is still read, as a device without them (the engine restores its frontier as the
+//! later of its last fix and the watermark); a build that knows only format 1 refuses a format-2
+//! record by name instead of misreading it.
 
 use geodwell_core::engine::DeviceState;
 use geodwell_core::pairs::PairState;
 
 /// Format tag of device records written by this version.
-pub(crate) const DEVICE_FORMAT: u8 = 1;
+pub(crate) const DEVICE_FORMAT: u8 = 2;
+/// The format before frontiers and delay holds, still read.
+const DEVICE_FORMAT_1: u8 = 1;
 
 /// Why a record did not decode.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,15 +70,25 @@ pub(crate) fn encode_device(d: &DeviceState, out: &mut Vec<u8>) {
         last_position,
         buffer,
         pairs,
+        frontier,
+        hold_until,
     } = d;
     out.push(DEVICE_FORMAT);
-    out.push(u8::from(last_applied.is_some()) | (u8::from(last_position.is_some()) << 1));
+    out.push(
+        u8::from(last_applied.is_some())
+            | (u8::from(last_position.is_some()) << 1)
+            | (u8::from(frontier.is_some()) << 2)
+            | (u8::from(hold_until.is_some()) << 3),
+    );
     if let Some(t) = last_applied {
         put_zz(out, *t);
     }
     if let Some((lat, lon)) = last_position {
         put_f64(out, *lat);
         put_f64(out, *lon);
+    }
+    for t in [frontier, hold_until].into_iter().flatten() {
+        put_zz(out, *t);
     }
     put_uv(out, buffer.len() as u64);
     for &(ts, lat, lon, acc) in buffer {
@@ -198,13 +217,17 @@ impl<'a> Reader<'a> {
 pub(crate) fn decode_device(id: &str, bytes: &[u8]) -> Result<DeviceState, DecodeError> {
     let mut r = Reader { b: bytes, at: 0 };
     let tag = r.u8()?;
-    if tag != DEVICE_FORMAT {
-        return Err(DecodeError(format!(
-            "unknown device record format {tag} (this build writes {DEVICE_FORMAT})"
-        )));
-    }
+    let known_flags = match tag {
+        DEVICE_FORMAT => 0b1111,
+        DEVICE_FORMAT_1 => 0b11,
+        _ => {
+            return Err(DecodeError(format!(
+                "unknown device record format {tag} (this build writes {DEVICE_FORMAT})"
+            )));
+        }
+    };
     let flags = r.u8()?;
-    if flags & !0b11 != 0 {
+    if flags & !known_flags != 0 {
         return Err(r.err("unknown flags"));
     }
     let last_applied = if flags & 1 != 0 { Some(r.zz()?) } else { None };
@@ -213,6 +236,8 @@ pub(crate) fn decode_device(id: &str, bytes: &[u8]) -> Result<DeviceState, Decod
     } else {
         None
     };
+    let frontier = if flags & 4 != 0 { Some(r.zz()?) } else { None };
+    let hold_until = if flags & 8 != 0 { Some(r.zz()?) } else { None };
     let n = r.len()?;
     let mut buffer = Vec::with_capacity(n);
     for _ in 0..n {
@@ -257,6 +282,8 @@ pub(crate) fn decode_device(id: &str, bytes: &[u8]) -> Result<DeviceState, Decod
         last_position,
         buffer,
         pairs,
+        frontier,
+        hold_until,
     })
 }
 
@@ -283,6 +310,8 @@ mod tests {
                 (1_767_225_601_000, 50.0, 10.0, None),
                 (1_767_225_602_000, -1.5, 179.9, Some(12.5)),
             ],
+            frontier: Some(1_767_225_600_500),
+            hold_until: Some(1_767_225_700_000),
             pairs: vec![
                 (
                     "depot-3".into(),
@@ -326,6 +355,8 @@ mod tests {
             last_position: None,
             buffer: vec![],
             pairs: vec![],
+            frontier: None,
+            hold_until: None,
         };
         let mut b2 = Vec::new();
         encode_device(&empty, &mut b2);
@@ -343,6 +374,13 @@ mod tests {
         assert!(decode_device("t", &tag).is_err());
     }
 
+    /// The bytes of `sample()` (without frontier and hold) in format 1, as stores written before
+    /// frontiers were kept hold them.
+    const FORMAT_1_SAMPLE: &str = "010380a0d5edee66713d0ad7a3004940c3f5285c8f02244002d0afd5edee66000000000000494000000000\
+         0000244000a0bfd5edee66000000000000f8bfcdcccccccc7c664001000000000000294002076465706f\
+         742d3380818cedee66c0843d809f4902010305020178ffffffffffffffffff0101ffffffffffffffffff\
+         01ff0000ffff0300";
+
     /// Pins the byte format: if this fails, the stored format changed, and
     /// [`super::super::SCHEMA_VERSION`] (or [`DEVICE_FORMAT`]) must change with it.
     #[test]
@@ -352,11 +390,30 @@ mod tests {
         let hex: String = buf.iter().map(|b| format!("{b:02x}")).collect();
         assert_eq!(
             hex,
-            "010380a0d5edee66713d0ad7a3004940c3f5285c8f02244002d0afd5edee66000000000000494000000000\
-             0000244000a0bfd5edee66000000000000f8bfcdcccccccc7c664001000000000000294002076465706f\
-             742d3380818cedee66c0843d809f4902010305020178ffffffffffffffffff0101ffffffffffffffffff\
-             01ff0000ffff0300",
+            "020f80a0d5edee66713d0ad7a3004940c3f5285c8f022440e8a7d5edee66c0bae1edee6602d0afd5edee66\
+             0000000000004940000000000000244000a0bfd5edee66000000000000f8bfcdcccccccc7c664001000000\
+             000000294002076465706f742d3380818cedee66c0843d809f4902010305020178ffffffffffffffffff01\
+             01ffffffffffffffffff01ff0000ffff0300",
             "the device record encoding changed: bump SCHEMA_VERSION (and DEVICE_FORMAT)"
         );
+    }
+
+    /// A record of format 1 still reads, as the same device without frontier or hold.
+    #[test]
+    fn format_1_records_still_read() {
+        let bytes: Vec<u8> = (0..FORMAT_1_SAMPLE.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&FORMAT_1_SAMPLE[i..i + 2], 16).unwrap())
+            .collect();
+        let want = DeviceState {
+            frontier: None,
+            hold_until: None,
+            ..sample()
+        };
+        assert_eq!(decode_device("truck-17", &bytes).unwrap(), want);
+        // Format 1 knows no frontier flag.
+        let mut flagged = bytes.clone();
+        flagged[1] |= 4;
+        assert!(decode_device("truck-17", &flagged).is_err());
     }
 }

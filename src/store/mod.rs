@@ -38,9 +38,11 @@ mod batch;
 mod check;
 pub mod checkpoint;
 pub(crate) mod codec;
+mod error;
 mod events;
 pub mod input;
 pub mod journal;
+mod meta;
 mod migrate;
 #[cfg(test)]
 mod tests;
@@ -51,13 +53,16 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
-use thiserror::Error;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 pub use batch::Batch;
 pub use check::{CheckReport, check};
 pub use checkpoint::{Checkpoint, CheckpointMeta, CheckpointStore, CheckpointWriter, RawDevice};
 pub use codec::DecodeError;
+pub use error::StoreError;
+pub(crate) use error::{db_err, guarded_open};
+use meta::init_or_verify;
+pub(crate) use meta::read_meta;
 pub use migrate::{Migrated, migrate};
 pub use webhooks::{WEBHOOK_CURSOR_PREFIX, WebhookBatch, WebhookSnapshot, webhook_cursor_key};
 
@@ -90,177 +95,6 @@ pub enum Flush {
     /// Not fsync'd (redb `Durability::None`): visible at once, but lost on a crash or power
     /// loss unless a later [`Flush::Fsync`] commit (or a clean close) persists it.
     Deferred,
-}
-
-/// Why the store could not be opened, read or written.
-#[derive(Debug, Error)]
-pub enum StoreError {
-    /// The blocking task that ran a store call failed (panicked or was cancelled at shutdown).
-    #[error("a store call did not finish: {0}")]
-    Worker(String),
-    /// The data directory could not be created or is not a directory.
-    #[error("data dir {dir}: cannot create or use it: {source}")]
-    DataDir {
-        /// The directory.
-        dir: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// No store file where one was expected ([`check`]).
-    #[error("store {path} does not exist")]
-    Missing {
-        /// The file.
-        path: PathBuf,
-    },
-    /// Another process (or another handle in this one) has the store open.
-    #[error(
-        "store {path} is in use by another process (is geodwell already running on this data dir?)"
-    )]
-    Locked {
-        /// The file.
-        path: PathBuf,
-    },
-    /// The file is not a readable redb database, or redb found it damaged.
-    #[error(
-        "store {path} is corrupt or not a geodwell store ({detail}); it was left untouched: \
-         restore it from a backup or move it away to start empty"
-    )]
-    Corrupt {
-        /// The file.
-        path: PathBuf,
-        /// What was wrong.
-        detail: String,
-    },
-    /// The store was written with another schema version.
-    #[error(
-        "store {path} has schema version {found}, this build reads version {expected}; {}",
-        schema_hint(*.found, *.expected)
-    )]
-    SchemaMismatch {
-        /// The file.
-        path: PathBuf,
-        /// Version in the file.
-        found: u32,
-        /// Version this build reads.
-        expected: u32,
-    },
-    /// A record did not decode.
-    #[error("store {path}: table {table}, key {key}: record does not decode: {detail}")]
-    Decode {
-        /// The file.
-        path: PathBuf,
-        /// The table.
-        table: &'static str,
-        /// The record's key.
-        key: String,
-        /// Why.
-        detail: String,
-    },
-    /// A file of the journal could not be read or written (a full disk lands here).
-    #[error("store {path}: {op} failed: {source}")]
-    Io {
-        /// The file or directory.
-        path: PathBuf,
-        /// What was being done.
-        op: &'static str,
-        /// The error.
-        source: std::io::Error,
-    },
-    /// Journaled commits could not be written to the live file in time (a reader, or a commit
-    /// waiting for room in the backlog, gave up).
-    #[error("the store is behind: {0}")]
-    Applying(String),
-    /// redb failed (I/O errors such as a full disk or a read-only file land here).
-    #[error("store {path}: {op} failed: {source}")]
-    Db {
-        /// The file.
-        path: PathBuf,
-        /// What was being done.
-        op: &'static str,
-        /// The redb error.
-        source: Box<redb::Error>,
-    },
-}
-
-fn schema_hint(found: u32, expected: u32) -> &'static str {
-    if (1..expected).contains(&found) {
-        "convert it with `geodwell store migrate --data-dir DIR` (the store is never converted \
-         or reset automatically)"
-    } else {
-        "use a matching geodwell build (the store is never converted or reset automatically)"
-    }
-}
-
-impl StoreError {
-    /// Whether this is an out-of-space I/O error.
-    pub fn is_disk_full(&self) -> bool {
-        match self {
-            StoreError::Db { source, .. } => {
-                matches!(&**source, redb::Error::Io(e) if e.kind() == std::io::ErrorKind::StorageFull)
-            }
-            StoreError::DataDir { source, .. } | StoreError::Io { source, .. } => {
-                source.kind() == std::io::ErrorKind::StorageFull
-            }
-            _ => false,
-        }
-    }
-}
-
-/// Maps a redb error on `path` to a [`StoreError`], singling out the lock and corruption cases.
-pub(crate) fn db_err(path: &Path, op: &'static str, e: impl Into<redb::Error>) -> StoreError {
-    let e: redb::Error = e.into();
-    match e {
-        redb::Error::DatabaseAlreadyOpen => StoreError::Locked {
-            path: path.to_path_buf(),
-        },
-        redb::Error::Corrupted(detail) => StoreError::Corrupt {
-            path: path.to_path_buf(),
-            detail,
-        },
-        redb::Error::Io(io) if io.kind() == std::io::ErrorKind::InvalidData => {
-            StoreError::Corrupt {
-                path: path.to_path_buf(),
-                detail: io.to_string(),
-            }
-        }
-        redb::Error::UpgradeRequired(v) => StoreError::Corrupt {
-            path: path.to_path_buf(),
-            detail: format!("redb file format {v} is not readable by this redb version"),
-        },
-        redb::Error::TableTypeMismatch { .. } | redb::Error::TableIsMultimap(_) => {
-            StoreError::Corrupt {
-                path: path.to_path_buf(),
-                detail: e.to_string(),
-            }
-        }
-        e => StoreError::Db {
-            path: path.to_path_buf(),
-            op,
-            source: Box::new(e),
-        },
-    }
-}
-
-fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".to_string())
-}
-
-/// Runs a redb open, turning a panic (redb may panic on a file damaged outside redb) into
-/// [`StoreError::Corrupt`].
-pub(crate) fn guarded_open<T>(
-    path: &Path,
-    f: impl FnOnce() -> Result<T, redb::DatabaseError>,
-) -> Result<T, StoreError> {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        Ok(r) => r.map_err(|e| db_err(path, "open", e)),
-        Err(p) => Err(StoreError::Corrupt {
-            path: path.to_path_buf(),
-            detail: format!("redb panicked while opening it: {}", panic_text(&*p)),
-        }),
-    }
 }
 
 /// Everything a warm start needs: the checkpoint, and the live file's input log after it, event
@@ -694,116 +528,5 @@ fn write_batch(txn: &redb::WriteTransaction, b: &Batch, floor: u64) -> Result<()
             t.insert(name.as_str(), *at)?;
         }
     }
-    Ok(())
-}
-
-/// The decoded `meta` table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Meta {
-    pub(crate) schema_version: u32,
-    pub(crate) watermark: Option<i64>,
-    pub(crate) max_seen: Option<i64>,
-    pub(crate) next_seq: u64,
-    pub(crate) journal_applied: u64,
-}
-
-/// Reads and verifies `meta` (schema version included).
-pub(crate) fn read_meta(txn: &redb::ReadTransaction, path: &Path) -> Result<Meta, StoreError> {
-    let t = txn.open_table(META).map_err(|e| match e {
-        redb::TableError::TableDoesNotExist(_) => StoreError::Corrupt {
-            path: path.to_path_buf(),
-            detail: "no meta table: not a geodwell store".into(),
-        },
-        e => db_err(path, "read meta", e),
-    })?;
-    let get = |k: &'static str| -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(t.get(k)
-            .map_err(|e| db_err(path, "read meta", e))?
-            .map(|v| v.value().to_vec()))
-    };
-    let bad = |k: &'static str, e: codec::DecodeError| StoreError::Decode {
-        path: path.to_path_buf(),
-        table: META.name(),
-        key: k.to_string(),
-        detail: e.0,
-    };
-    let Some(v) = get(K_SCHEMA)? else {
-        return Err(StoreError::Corrupt {
-            path: path.to_path_buf(),
-            detail: "meta table has no schema_version: not a geodwell store".into(),
-        });
-    };
-    let schema_version =
-        u32::from_le_bytes(codec::meta_array(K_SCHEMA, &v).map_err(|e| bad(K_SCHEMA, e))?);
-    if schema_version != SCHEMA_VERSION {
-        return Err(StoreError::SchemaMismatch {
-            path: path.to_path_buf(),
-            found: schema_version,
-            expected: SCHEMA_VERSION,
-        });
-    }
-    let i64_of = |k: &'static str| -> Result<Option<i64>, StoreError> {
-        get(k)?
-            .map(|v| {
-                codec::meta_array(k, &v)
-                    .map(i64::from_le_bytes)
-                    .map_err(|e| bad(k, e))
-            })
-            .transpose()
-    };
-    let next_seq = get(K_NEXT_SEQ)?
-        .map(|v| {
-            codec::meta_array(K_NEXT_SEQ, &v)
-                .map(u64::from_le_bytes)
-                .map_err(|e| bad(K_NEXT_SEQ, e))
-        })
-        .transpose()?
-        .unwrap_or(1);
-    let journal_applied = get(K_JOURNAL_APPLIED)?
-        .map(|v| {
-            codec::meta_array(K_JOURNAL_APPLIED, &v)
-                .map(u64::from_le_bytes)
-                .map_err(|e| bad(K_JOURNAL_APPLIED, e))
-        })
-        .transpose()?
-        .unwrap_or(0);
-    Ok(Meta {
-        journal_applied,
-        schema_version,
-        watermark: i64_of(K_WATERMARK)?,
-        max_seen: i64_of(K_MAX_SEEN)?,
-        next_seq,
-    })
-}
-
-/// Initializes an empty file (no table at all) or verifies an existing store.
-fn init_or_verify(db: &Database, path: &Path) -> Result<(), StoreError> {
-    let txn = db.begin_read().map_err(|e| db_err(path, "begin read", e))?;
-    let empty = txn
-        .list_tables()
-        .map_err(|e| db_err(path, "list tables", e))?
-        .next()
-        .is_none();
-    if !empty {
-        read_meta(&txn, path)?;
-        return Ok(());
-    }
-    drop(txn);
-    let txn = db
-        .begin_write()
-        .map_err(|e| db_err(path, "begin write", e))?;
-    {
-        let mut m = txn
-            .open_table(META)
-            .map_err(|e| db_err(path, "create tables", e))?;
-        m.insert(K_SCHEMA, SCHEMA_VERSION.to_le_bytes().as_slice())
-            .map_err(|e| db_err(path, "create tables", e))?;
-    }
-    let mk = |r: Result<(), redb::TableError>| r.map_err(|e| db_err(path, "create tables", e));
-    mk(txn.open_table(INPUT).map(drop))?;
-    mk(txn.open_table(FENCE_CHANGES).map(drop))?;
-    mk(txn.open_table(events::EVENT_PAGES).map(drop))?;
-    mk(txn.open_table(CURSORS).map(drop))?;
-    txn.commit().map_err(|e| db_err(path, "create tables", e))?;
     Ok(())
 }

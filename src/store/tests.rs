@@ -91,6 +91,8 @@ fn device(id: &str, t: i64) -> DeviceState {
         last_applied: Some(t),
         last_position: Some((1.0, 2.0)),
         buffer: vec![],
+        frontier: Some(t),
+        hold_until: None,
         pairs: vec![(
             "sq".into(),
             PairState {
@@ -466,6 +468,8 @@ fn warm_start_of_1_9m_pairs() {
                         last_position: Some((50.005, 10.005)),
                         buffer: vec![],
                         pairs,
+                        frontier: Some(at),
+                        hold_until: None,
                     }
                 })
                 .collect();

@@ -2,9 +2,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::*;
+use geodwell_core::time::Ts;
 use serde_json::{Value, json};
 
 fn durable_cfg(dir: &Path, extra: &str) -> TestConfig {
@@ -459,8 +461,10 @@ fn anyhow_chain(e: &dyn std::error::Error) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deletions_watermark_advances_and_expiry_survive_kill_9() {
     let dir = temp_dir();
+    // Idle expiry waits for max(idle_ttl, max_delay): a max_delay within the idle TTL.
     let env = [
         ("GEODWELL_IDLE_TTL", "30m"),
+        ("GEODWELL_MAX_DELAY", "30m"),
         ("GEODWELL_CHECKPOINT_INTERVAL", "1h"),
     ];
     let (mut child, base) = spawn_bin(dir.path(), "0s", &env);
@@ -579,5 +583,109 @@ async fn deletions_watermark_advances_and_expiry_survive_kill_9() {
         (last["type"].as_str(), last["device"].as_str()),
         (Some("enter"), Some("gone"))
     );
+    drop(child);
+}
+
+/// A delayed queue (an hour of a phone's positions arriving after the watermark passed them, in
+/// six parts within the delay hold) with a `kill -9` after its second part: the restarted
+/// server resumes the hold from the store, and the queue gives the events of on-time delivery
+/// (the naive reference's), none twice. Without the hold the dwell deadline would be judged
+/// with the queue two parts in (the phone not STALE then) and fire, and the EXIT before it in
+/// the third part would be late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_during_a_delayed_queue_gives_the_on_time_events() {
+    let dir = temp_dir();
+    let env = [
+        ("GEODWELL_DELAY_HOLD", "5s"),
+        ("GEODWELL_CHECKPOINT_INTERVAL", "1h"),
+    ];
+    let (mut child, mut base) = spawn_bin(dir.path(), "0s", &env);
+    let http = reqwest::Client::new();
+    let depot = square("depot", json!({"dwell": ["30m"], "stale_after": "15m"}));
+    let r = http
+        .put(format!("{base}/v1/fences/depot"))
+        .json(&depot)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    // The phone: in the depot at 0, then silent; the clock device moves the watermark 2 h on.
+    let post = |base: &str, v: Value| {
+        let (http, url) = (http.clone(), format!("{base}/v1/fixes"));
+        async move {
+            let r = http.post(url).json(&v).send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            r.json::<Value>().await.unwrap()
+        }
+    };
+    post(&base, fix("phone", 0, true)).await;
+    post(&base, fix("clock", 7200, false)).await;
+    // The queue: a fix a minute from 1 min, inside until 25 min, outside after; six parts of
+    // ten, each after the clock moved the watermark a second.
+    let q: Vec<Value> = (1..=60).map(|m| fix("phone", m * 60, m < 25)).collect();
+    let mut sent = Vec::new();
+    for (part, chunk) in q.chunks(10).enumerate() {
+        post(&base, fix("clock", 7201 + part as i64, false)).await;
+        let rep = post(&base, Value::Array(chunk.to_vec())).await;
+        assert_eq!(rep["accepted"], 10, "part {part}: {rep}");
+        sent.extend(chunk.iter().cloned());
+        if part == 1 {
+            child.0.kill().unwrap();
+            let _ = child.0.wait();
+            (child, base) = spawn_bin(dir.path(), "0s", &env);
+            let (s, dev): (u16, Value) = {
+                let r = http
+                    .get(format!("{base}/v1/devices/phone"))
+                    .send()
+                    .await
+                    .unwrap();
+                (r.status().as_u16(), r.json().await.unwrap())
+            };
+            assert_eq!(s, 200);
+            assert!(
+                dev["hold_until"].is_string(),
+                "the hold survives the restart: {dev}"
+            );
+        }
+    }
+    let r = http
+        .post(format!("{base}/v1/watermark"))
+        .json(&json!({"watermark": T0 + 4 * 3_600_000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let evs = all_events(&http, &base).await;
+    let got: Vec<String> = evs
+        .iter()
+        .filter(|e| e["device"] == "phone")
+        .map(|e| format!("{} {}", e["type"], e["at"]))
+        .collect();
+    // On time: ENTER at 0, EXIT at 25 min, before the 30-minute deadline: no DWELL.
+    let feat: geojson::Feature = serde_json::from_value(depot).unwrap();
+    let fence = Arc::new(
+        geodwell_core::fences::Fence::from_feature(
+            &feat,
+            None,
+            &geodwell_core::fences::FenceLimits::default(),
+        )
+        .unwrap(),
+    );
+    let mut all = vec![crate::replay::to_fix(&fix("phone", 0, true))];
+    all.extend(sent.iter().map(crate::replay::to_fix));
+    let want: Vec<String> =
+        geodwell_core::reference::expected_events(&[fence], &all, Ts(T0 + 4 * 3_600_000))
+            .iter()
+            .map(|e| {
+                let v = serde_json::to_value(e).unwrap();
+                format!("{} {}", v["type"], v["at"])
+            })
+            .collect();
+    let mut got_sorted = got.clone();
+    got_sorted.sort();
+    let mut want_sorted = want.clone();
+    want_sorted.sort();
+    assert_eq!(got_sorted, want_sorted, "events in order of seq: {got:?}");
+    assert_eq!(want.len(), 2, "ENTER, EXIT: {want:?}");
     drop(child);
 }

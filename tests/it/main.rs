@@ -17,6 +17,7 @@ mod auth;
 mod bad_input;
 mod cli;
 mod cluster;
+mod delayed;
 mod durability;
 mod e2e;
 mod events_api;

@@ -401,7 +401,9 @@ async fn deletions_and_idle_expiry_mid_trace_still_give_the_reference_events() {
     fixes.extend(visitors());
     fixes.sort_by_key(|v| v["ts"].as_i64().unwrap());
     let srv =
-        start("[time]\nclock = \"event\"\nlateness = \"90s\"\n[devices]\nidle_ttl = \"2h\"\n")
+        // Idle expiry waits for max(idle_ttl, max_delay): a max_delay within the idle TTL
+        // lets the trace see it.
+        start("[time]\nclock = \"event\"\nlateness = \"90s\"\nmax_delay = \"1h\"\n[devices]\nidle_ttl = \"2h\"\n")
             .await;
     for (_, _, _, f) in fences() {
         let id = f["id"].as_str().unwrap().to_string();

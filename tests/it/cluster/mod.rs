@@ -652,6 +652,8 @@ async fn occupancy_deletion_the_watermark_and_expiry_work_across_nodes() {
     let _env = scenario_env().await;
     // SAFETY: under the scenario lock, before the nodes start; removed again at the end.
     unsafe { std::env::set_var("GEODWELL_IDLE_TTL", "30m") };
+    // Idle expiry waits for max(idle_ttl, max_delay): a max_delay within the idle TTL.
+    unsafe { std::env::set_var("GEODWELL_MAX_DELAY", "30m") };
     let c = Cluster::start().await;
     let at = |k: usize, p: &str| format!("{}{p}", c.nodes[k].url);
     let t0 = 1_767_225_600_000_i64;
@@ -792,4 +794,5 @@ async fn occupancy_deletion_the_watermark_and_expiry_work_across_nodes() {
     }
     // SAFETY: as above.
     unsafe { std::env::remove_var("GEODWELL_IDLE_TTL") };
+    unsafe { std::env::remove_var("GEODWELL_MAX_DELAY") };
 }
