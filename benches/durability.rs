@@ -47,12 +47,12 @@ use axum::body::Bytes;
 use geodwell::config::Config;
 use geodwell::shard::shard_of;
 use geodwell::store::checkpoint::{CHECKPOINT_FILE, CheckpointStore, SORT_BUFFER_BYTES};
-use geodwell::store::input::encode_fixes;
 use geodwell::store::{Batch, CheckpointMeta, FILE_NAME, Flush, Store};
 use geodwell_core::engine::{DeviceState, Engine, EngineConfig, Restored};
 use geodwell_core::event::Event;
 use geodwell_core::fences::{Fence, FenceSettings};
 use geodwell_core::fix::Fix;
+use geodwell_core::partition::record::encode_fixes;
 use geodwell_core::time::{Dur, Ts};
 use geodwell_sim::rng::Rng;
 use serde_json::{Value, json};
@@ -566,7 +566,6 @@ fn warm_start(dir: &Path, cfg: &Config, variant: &'static str, check: bool) -> W
         // Every 10 min deadline is at most WINDOW_MS + 10 min after T0; the 1 h ones are later.
         let target = Ts(w.0 + 600_000 + 2_000);
         let mut dwells = 0u64;
-        let mut out = Vec::new();
         let mut shards = booted.shards;
         // DWELLs the replay already fired count too (they come out as new events at start).
         dwells += shards
@@ -574,14 +573,15 @@ fn warm_start(dir: &Path, cfg: &Config, variant: &'static str, check: bool) -> W
             .flat_map(|s| &s.pending)
             .filter(|ev| ev.dwell_s.is_some())
             .count() as u64;
-        for e in shards.iter_mut().map(|s| &mut s.engine) {
+        for d in shards.iter_mut().map(|s| &mut s.driver) {
+            let mut carried = d.advance(target);
             loop {
-                let a = e.advance(target, &mut out);
+                let out = d.take_events();
                 dwells += out.iter().filter(|ev| ev.dwell_s.is_some()).count() as u64;
-                out.clear();
-                if !a.carried {
+                if !carried {
                     break;
                 }
+                carried = d.work_off();
             }
         }
         r.dwell_check = Some((dwells, r.restored.pairs));

@@ -9,7 +9,12 @@
    (checked on `cargo metadata`, so the whole dependency tree counts, not only direct
    dependencies), and the service library does not use the simulator.
 
-4. No production source file is over 600 lines (tests in their own files or a trailing
+4. No import cycle between the production files of src/ either: a file's `use` of another file
+   (through `crate::`, `super::`, `self::` or a child module's name; a path goes to the deepest
+   file it names) is an edge; `pub use` re-exports (a module's facade) and `mod` declarations
+   are not.
+
+5. No production source file is over 600 lines (tests in their own files or a trailing
    `#[cfg(test)]` module do not count) unless its opening `//!` says why (a line starting with
    `//! Why this file is long:`).
 
@@ -141,6 +146,91 @@ def production_lines(lines):
     return len(lines)
 
 
+def modpath(path):
+    """A source file's module path: src/a/b.rs and src/a/b/mod.rs are ("a", "b")."""
+    rel = os.path.relpath(path, SRC)[:-3].split(os.sep)
+    if rel[-1] in ("mod", "lib", "main"):
+        rel = rel[:-1]
+    return tuple(rel)
+
+
+def strip_comments(text):
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    out = []
+    for line in text.splitlines():
+        i = line.find("//")
+        if i >= 0 and line[:i].count('"') % 2 == 0:
+            line = line[:i]
+        out.append(line)
+    return "\n".join(out)
+
+
+def split_top(inner):
+    parts, depth, cur = [], 0, ""
+    for ch in inner:
+        depth += ch == "{"
+        depth -= ch == "}"
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return parts + [cur]
+
+
+def use_paths(tree, prefix=()):
+    """The paths of a `use` tree: `a::{b, c::d}` is a::b and a::c::d."""
+    tree = tree.strip()
+    if not tree:
+        return []
+    m = re.match(r"^([\w:]*?)::\{(.*)\}$", tree, re.S)
+    if m:
+        base = list(prefix) + [p for p in m.group(1).split("::") if p]
+        return [p for part in split_top(m.group(2)) for p in use_paths(part, base)]
+    tree = re.sub(r"\s+as\s+\w+$", "", tree)
+    return [list(prefix) + [p for p in tree.split("::") if p]]
+
+
+def file_graph(sources, test_only):
+    """Edges between production files (module paths), see point 4 above."""
+    files = {}
+    for p in sources:
+        if p in test_only or os.path.basename(p) in ("tests.rs", "main.rs", "lib.rs"):
+            continue
+        files[modpath(p)] = p
+    graph = {m: set() for m in files}
+    for m, p in files.items():
+        lines = open(p, encoding="utf-8").read().splitlines()
+        code = strip_comments("\n".join(lines[: production_lines(lines)]))
+        paths = []
+        for export, tree in re.findall(r"(?<![\w])(pub(?:\([^)]*\))?\s+)?use\s+([^;]+);", code):
+            if not export:
+                paths += use_paths(tree)
+        # Paths named in code; a re-export's own path is not a use of it (see point 4).
+        bare = re.sub(r"(?<![\w])pub(?:\([^)]*\))?\s+use\s+[^;]+;", "", code)
+        paths += [s.split("::") for s in re.findall(r"(?<![\w:])[a-z_]\w*(?:::\w+)+", bare)]
+        for segs in paths:
+            if segs[0] == "crate":
+                target = segs[1:]
+            elif segs[0] == "super":
+                up = 0
+                while up < len(segs) and segs[up] == "super":
+                    up += 1
+                target = list(m[: len(m) - up]) + segs[up:]
+            elif segs[0] == "self":
+                target = list(m) + segs[1:]
+            elif tuple(list(m) + [segs[0]]) in files:
+                target = list(m) + segs
+            else:
+                continue
+            for k in range(len(target), -1, -1):
+                if tuple(target[:k]) in files:
+                    if tuple(target[:k]) != m:
+                        graph[m].add(tuple(target[:k]))
+                    break
+    return graph
+
+
 def main():
     problems = []
     mods = modules()
@@ -187,6 +277,9 @@ def main():
             continue
         sources += [os.path.join(d, f) for f in fs if f.endswith(".rs")]
     test_only = test_only_files(sources)
+    src_files = [p for p in sources if p.startswith(SRC + os.sep)]
+    for c in cycles(file_graph(src_files, test_only_files(src_files))):
+        problems.append("import cycle between files: " + " <-> ".join("::".join(x) for x in c))
     for path in sources:
         f, rel = os.path.basename(path), os.path.relpath(os.path.dirname(path), ROOT)
         if path in test_only or f == "tests.rs" or "/tests" in rel:
@@ -206,7 +299,7 @@ def main():
         for p in problems:
             print("  - " + p)
         return 1
-    print("layers ok: no cycle, nothing below http depends on it, the core is pure")
+    print("layers ok: no module or file cycle, nothing below http depends on it, the core is pure")
     return 0
 
 

@@ -69,6 +69,12 @@ pub enum CkMsg {
         /// Whether this is the shard's last chunk.
         done: bool,
     },
+    /// A shard's freeze for `round` is gone (the shard was rebuilt after a failed commit): the
+    /// round is dropped.
+    Abort {
+        /// The round.
+        round: u64,
+    },
 }
 
 /// Queue length of the writer (chunks of ~2,000 devices each).
@@ -211,6 +217,24 @@ fn write_loop(
                     error,
                 });
             }
+            CkMsg::Abort { round } => {
+                if let Some(r) = current.take_if(|r| r.round == round) {
+                    let why = "a shard was rebuilt after a failed commit".to_string();
+                    finish(
+                        Round {
+                            error: Some(why),
+                            ..r
+                        },
+                        ck,
+                        &*log,
+                        &publisher,
+                        &status,
+                        &rt,
+                        &stop,
+                    );
+                    status.busy.store(false, Ordering::Release);
+                }
+            }
             CkMsg::Devices {
                 shard,
                 round,
@@ -275,8 +299,15 @@ fn finish(
         return fail("no writer".into());
     };
     // Never ahead of the log: every record the checkpoint covers must be durable first.
-    if !rt.block_on(publisher.durable().wait_for(&seqs, stop)) {
-        return fail("stopped before the log held the records the checkpoint covers".into());
+    if !rt.block_on(
+        publisher
+            .durable()
+            .wait_for(&seqs, publisher.health(), stop),
+    ) {
+        return fail(
+            "stopped, or a commit failed, before the log held the records the checkpoint covers"
+                .into(),
+        );
     }
     let devices = writer.written();
     let meta = CheckpointMeta {

@@ -324,6 +324,12 @@ impl Ingest {
                 Err(BatchError::Overloaded)
             }
             Err(SendError::Closed) => Err(BatchError::ShuttingDown),
+            Err(SendError::Unavailable) => {
+                counter!(t::FIXES_REJECTED, "reason" => "store_unavailable").increment(1);
+                Err(BatchError::StoreUnavailable(
+                    "the state store does not take commits (a commit failed; it is probed every second)".into(),
+                ))
+            }
         }
     }
 }

@@ -46,6 +46,7 @@ pub mod ingest;
 pub mod machine;
 pub mod mqtt;
 pub mod outbound;
+pub mod runtime;
 pub mod service;
 pub mod shard;
 pub mod state;

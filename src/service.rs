@@ -28,10 +28,10 @@ use crate::boot::{BootError, Booted, boot, fence_limits};
 use crate::clock::{WallClock, Watermark};
 use crate::config::{Config, Durability};
 use crate::events::publisher::{self, CommitPolicy, PublisherCfg};
-use crate::fences::FenceRegistry;
+use crate::fences::{FenceMap, FenceRegistry, LocalFences};
 use crate::http::server::ServerLimits;
 use crate::ingest::Ingest;
-use crate::shard::{self, ShardCtx};
+use crate::shard::{self, ShardCtx, Shards};
 use crate::state::{AppState, Parts};
 use crate::webhooks::{WebhookError, Webhooks};
 use crate::wire::FixLimits;
@@ -106,6 +106,7 @@ impl Service {
             next_fence_change,
             fences_since_checkpoint,
             fence_catch_up,
+            fence_log: missed_fences,
             committed,
             watermark: restored_w,
             max_seen,
@@ -158,7 +159,7 @@ impl Service {
             .clone()
             .map(|s| crate::checkpoint::spawn(s.clone(), s, publisher.clone(), abort.clone()));
         let shard_stop = CancellationToken::new();
-        let (shards, shard_tasks) = shard::spawn(
+        let (local, shard_tasks) = shard::spawn(
             starts,
             ShardCtx {
                 watermark: watermark.clone(),
@@ -171,22 +172,29 @@ impl Service {
                 // forgets once they are past it (ttl 0: tombstones only).
                 idle: (cfg.idle_ttl > Dur::ZERO || cfg.max_delay > Dur::ZERO)
                     .then_some(IdleRule { ttl: cfg.idle_ttl }),
+                rebuild: rebuild_from(&cfg, store.as_ref()),
             },
         );
-        let registry = Arc::new(FenceRegistry::new(
-            &fences,
-            fence_limits(&cfg),
-            cfg.max_fences,
+        let shards = Shards::new(Arc::new(local.clone()));
+        let map = Arc::new(FenceMap::new(&fences));
+        let fence_log = Arc::new(LocalFences::new(
+            map.clone(),
             publisher,
-            shards.clone(),
+            local,
             next_fence_change,
             fences_since_checkpoint,
+        ));
+        let registry = Arc::new(FenceRegistry::new(
+            map,
+            fence_limits(&cfg),
+            cfg.max_fences,
+            fence_log.clone(),
         ));
         // A fence change whose record was durable but that some shard had not logged as applied
         // when the process stopped is applied there now.
         for (k, from) in fence_catch_up.into_iter().enumerate() {
             if from < next_fence_change
-                && let Err(e) = registry.catch_up_shard(k, from).await
+                && let Err(e) = fence_log.catch_up_shard(k, from, &missed_fences).await
             {
                 trigger.cancel();
                 shard_stop.cancel();
@@ -224,7 +232,7 @@ impl Service {
         } = machine_limits(&cfg);
         let checkpoints = checkpointer.map(|(handle, thread)| {
             let task = tokio::spawn(checkpoint_rounds(
-                registry.clone(),
+                fence_log.clone(),
                 handle.clone(),
                 millis(cfg.checkpoint_interval),
                 trigger.clone(),
@@ -265,7 +273,7 @@ impl Service {
                 publisher_stop,
                 publisher_task,
                 store: store.as_ref().map(Arc::downgrade),
-                registry,
+                fence_log,
                 checkpoints,
                 abort,
             }),
@@ -312,7 +320,7 @@ impl Service {
             },
             &trigger,
         );
-        let registry = Arc::new(FenceRegistry::cluster(
+        let registry = Arc::new(FenceRegistry::new(
             map,
             fence_limits(&cfg),
             cfg.max_fences,
@@ -458,8 +466,8 @@ struct LocalParts {
     /// The store, to see it closed: the last connection task may drop its handle to the state
     /// (and so the store) a moment after the server has returned.
     store: Option<Weak<crate::store::Store>>,
-    /// The fence registry (the final checkpoint round starts there).
-    registry: Arc<FenceRegistry>,
+    /// The fence log (the final checkpoint round starts there).
+    fence_log: Arc<LocalFences>,
     /// The checkpoint writer and the task that starts its rounds (with a store).
     checkpoints: Option<Checkpoints>,
     /// Cancelled at the deadline: the checkpoint writer stops waiting for the log.
@@ -477,7 +485,7 @@ struct Checkpoints {
 /// round still being written when the next is due is waited for (a slow disk lengthens the
 /// interval); a round that failed makes the next one write every device.
 async fn checkpoint_rounds(
-    registry: Arc<FenceRegistry>,
+    fences: Arc<LocalFences>,
     ck: crate::checkpoint::Checkpointer,
     every: Duration,
     stop: CancellationToken,
@@ -490,11 +498,11 @@ async fn checkpoint_rounds(
             _ = tokio::time::sleep(every) => {}
         }
         round += 1;
-        match registry.checkpoint(round, &ck, full).await {
+        match fences.checkpoint(round, &ck, full).await {
             Ok(fence_change) => {
                 ck.status.wait(round, &stop).await;
                 if ck.status.committed() >= round {
-                    registry.checkpointed(fence_change).await;
+                    fences.checkpointed(fence_change).await;
                     full = false;
                 } else if ck.status.failed(round) {
                     full = true;
@@ -603,7 +611,7 @@ async fn stop_local<S>(
         // A round the task started and did not see finish is still being written.
         let _ = tokio::time::timeout_at(deadline, handle.status.wait(last, &l.abort)).await;
         let round = last.max(handle.status.committed()) + 1;
-        if l.registry.checkpoint(round, &handle, false).await.is_ok() {
+        if l.fence_log.checkpoint(round, &handle, false).await.is_ok() {
             final_round = Some((round, handle.status.clone()));
         }
         checkpoint_thread = Some(thread);
@@ -784,4 +792,23 @@ fn warn_if_open(cfg: &Config, addr: SocketAddr) {
              send fixes, read events and change fences. Configure [auth] api_keys (or GEODWELL_API_KEYS)."
         );
     }
+}
+
+/// How a partition rebuilds from the store after a failed commit (the warm start's restore
+/// path for one partition). Without a store no commit can fail, and so nothing asks.
+fn rebuild_from(cfg: &Config, store: Option<&Arc<crate::store::Store>>) -> crate::shard::Rebuild {
+    let cfg = cfg.clone();
+    let store = store.map(Arc::downgrade);
+    Arc::new(move |k| {
+        let failed = |e: crate::boot::BootError| crate::shard::RebuildError {
+            partition: k,
+            source: Box::new(e),
+        };
+        let store = store
+            .as_ref()
+            .and_then(std::sync::Weak::upgrade)
+            .ok_or(crate::boot::BootError::NoStore)
+            .map_err(failed)?;
+        crate::boot::restore_shard(&cfg, &store, k).map_err(failed)
+    })
 }

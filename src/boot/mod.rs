@@ -22,75 +22,26 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use thiserror::Error;
-
+mod error;
+mod fences;
 mod rebuild;
+mod shard;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 
-use rebuild::{Parsed, ShardPlan, rebuild};
+pub use error::BootError;
+use rebuild::{Common, ShardPlan, rebuild};
+pub use shard::restore_shard;
 
 use crate::config::{ClockMode, Config, Durability, FencePreload, SAMPLE_FENCES};
 use crate::events::{CompactEvent, EventLog, Interner, JSON_CACHE, LoggedEvent};
 use crate::shard::{ShardStart, shard_of};
-use crate::store::input::{FenceChange, decode_fence_change};
-use crate::store::{CheckpointMeta, Store, StoreError};
-use geodwell_core::engine::{EngineConfig, Restored};
+use crate::store::{CheckpointMeta, Store};
+use geodwell_core::engine::Restored;
 use geodwell_core::event::{Event, EventId};
-use geodwell_core::fences::{Fence, FenceErrors, FenceLimits, parse_fences_str};
+use geodwell_core::fences::{Fence, FenceLimits, parse_fences_str};
+use geodwell_core::partition::ChangeLog;
 use geodwell_core::time::Ts;
-
-/// Why the service could not start.
-#[derive(Debug, Error)]
-pub enum BootError {
-    /// The fences file could not be read.
-    #[error(
-        "cannot read the fences file {path} (relative paths in a config file resolve against \
-         the file's directory; set [fences] fences_file = \"\" to start without fences)"
-    )]
-    FencesRead {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The fences file is not valid.
-    #[error("fences file {path} is invalid: {errors}")]
-    FencesInvalid {
-        /// The file.
-        path: PathBuf,
-        /// Every problem.
-        errors: FenceErrors,
-    },
-    /// Too many fences in the preload.
-    #[error("{source_name} holds {count} fences, more than max_fences = {max}")]
-    TooManyFences {
-        /// The file, or the built-in samples.
-        source_name: String,
-        /// How many.
-        count: usize,
-        /// The limit.
-        max: usize,
-    },
-    /// The state store cannot be opened or read.
-    #[error("state store")]
-    Store(#[from] StoreError),
-    /// The stored state is inconsistent.
-    #[error("state store is inconsistent: {0}")]
-    Corrupt(String),
-    /// The shard count differs from the checkpoint's while the input log after it still holds
-    /// records of the old layout.
-    #[error(
-        "the store was last written with {stored} shards and has input after its latest checkpoint; \
-         start once with server.shards = {stored} (a clean stop writes a checkpoint covering \
-         everything), then change the shard count"
-    )]
-    ShardsChanged {
-        /// The stored layout's shard count.
-        stored: u32,
-    },
-}
 
 /// Fence validation limits derived from the configuration.
 pub fn fence_limits(cfg: &Config) -> FenceLimits {
@@ -196,6 +147,8 @@ pub struct Booted {
     /// Per shard, the first fence change it has not applied (a change whose record was durable
     /// while the shard's record of applying it was not).
     pub fence_catch_up: Vec<u64>,
+    /// The fence changes after the checkpoint, parsed (what a catch-up sends).
+    pub fence_log: ChangeLog,
     /// Per shard, the last input `seq` the store already holds.
     pub committed: Vec<u64>,
     /// The watermark the store recorded.
@@ -240,22 +193,6 @@ pub fn boot(cfg: &Config) -> Result<Booted, BootError> {
         None => Default::default(),
     };
     timings.load = lap();
-    // Stored fences were validated when they were accepted: a limit lowered since (or added by
-    // a newer build) must not refuse them, nor make a replay differ.
-    let limits = FenceLimits::stored();
-    let parse_one = |text: &str| -> Result<Fence, BootError> {
-        let mut parsed =
-            parse_fences_str(text, &limits).map_err(|errors| BootError::FencesInvalid {
-                path: cfg.data_dir.clone(),
-                errors,
-            })?;
-        match parsed.pop() {
-            Some(f) if parsed.is_empty() => Ok(f),
-            _ => Err(BootError::Corrupt(
-                "a stored fence is not exactly one Feature".into(),
-            )),
-        }
-    };
     // An empty store is seeded with the preload, as its first checkpoint.
     let ck = &mut snap.checkpoint;
     if let Some(s) = &store
@@ -297,45 +234,14 @@ pub fn boot(cfg: &Config) -> Result<Booted, BootError> {
     let base: Vec<Arc<Fence>> = if store.is_some() {
         ck.fences
             .iter()
-            .map(|t| parse_one(t).map(Arc::new))
+            .map(|t| fences::parse_one(t, &cfg.data_dir).map(Arc::new))
             .collect::<Result<_, _>>()?
     } else {
         preload.into_iter().map(Arc::new).collect()
     };
     // The fence changes after the checkpoint, and the registry's view: the checkpoint's fences
     // with every change applied in order.
-    let mut changes: BTreeMap<u64, FenceChange> = BTreeMap::new();
-    for (n, bytes) in &snap.fence_changes {
-        let c = decode_fence_change(bytes)
-            .map_err(|e| BootError::Corrupt(format!("fence change {n}: {}", e.0)))?;
-        changes.insert(*n, c);
-    }
-    let mut parsed_changes: BTreeMap<u64, Parsed> = BTreeMap::new();
-    let mut current: BTreeMap<String, Arc<Fence>> =
-        base.iter().map(|f| (f.id.to_string(), f.clone())).collect();
-    let mut since_checkpoint: BTreeMap<String, u64> = BTreeMap::new();
-    for (&n, c) in &changes {
-        match c {
-            FenceChange::Put(text) => {
-                let f = Arc::new(parse_one(text)?);
-                current.insert(f.id.to_string(), f.clone());
-                since_checkpoint.insert(f.id.to_string(), n);
-                parsed_changes.insert(n, Parsed::Put(f));
-            }
-            FenceChange::Delete(id) => {
-                current.remove(id);
-                since_checkpoint.insert(id.clone(), n);
-                parsed_changes.insert(n, Parsed::Delete(id.clone()));
-            }
-        }
-    }
-    let next_fence_change = changes
-        .keys()
-        .next_back()
-        .copied()
-        .unwrap_or(meta.fence_change)
-        .max(meta.fence_change)
-        + 1;
+    let stored_fences = fences::parse(base, &snap.fence_changes, meta.fence_change, &cfg.data_dir)?;
     timings.fences = lap();
     let next_seq = snap.next_seq.max(1);
     let max_seen = snap.max_seen;
@@ -377,18 +283,7 @@ pub fn boot(cfg: &Config) -> Result<Booted, BootError> {
         }
         plan.inputs.push(rec);
     }
-    let engine_cfg = EngineConfig {
-        tick: cfg.tick,
-        max_fires_per_advance: cfg.max_fires_per_tick,
-        max_buffered_per_device: cfg.max_buffered_per_device,
-        // Each shard its share: deterministic (the same input gives the same refusals whatever
-        // else the other shards hold), at the price of refusing a little early when the devices
-        // spread unevenly.
-        max_devices: cfg.max_devices.div_ceil(cfg.shards.max(1)),
-        track_dirty: store.is_some(),
-        max_delay: cfg.delay_rules().0,
-        delay_hold: cfg.delay_rules().1,
-    };
+    let engine_cfg = cfg.engine_config(cfg.shards, store.is_some());
     // The event log's tail is rebuilt on a thread of its own while the shards restore and
     // replay: the two do not depend on each other until the replay's events are matched.
     let stored_events = std::mem::take(&mut snap.events);
@@ -398,15 +293,16 @@ pub fn boot(cfg: &Config) -> Result<Booted, BootError> {
             let r = restore_log(cfg, &stored_events, next_seq, meta.event_floor);
             (r, t.elapsed())
         });
-        let rebuilt = rebuild(
-            &engine_cfg,
-            &base,
-            &parsed_changes,
-            meta.fence_change,
-            per_shard,
-            cfg.max_device_len,
-            &data_dir,
-        );
+        let common = Common {
+            engine_cfg: &engine_cfg,
+            fences: &stored_fences.base,
+            changes: &stored_fences.changes,
+            fence_change: meta.fence_change,
+            committed_w: stored_w,
+            max_device_len: cfg.max_device_len,
+            data_dir: &data_dir,
+        };
+        let rebuilt = rebuild(&common, per_shard);
         let restored_log = events.join().unwrap_or_else(|_| {
             (
                 Err(BootError::Corrupt(
@@ -433,26 +329,27 @@ pub fn boot(cfg: &Config) -> Result<Booted, BootError> {
     let mut shards = Vec::with_capacity(cfg.shards);
     let mut fence_catch_up = Vec::with_capacity(cfg.shards);
     let mut committed = Vec::with_capacity(cfg.shards);
-    for r in rebuilt.shards {
+    for mut r in rebuilt.shards {
         summary.replayed_records += r.records;
         summary.replayed_fixes += r.fixes;
-        let ws = r.engine.stats().wheel;
+        let ws = r.driver.engine().stats().wheel;
         summary.timers += ws.entries - ws.tombstones;
-        let mut pending = Vec::new();
-        for e in r.events {
-            if known.contains(&e.id) {
-                summary.replayed_known += 1;
-            } else {
-                summary.replayed_new += 1;
-                pending.push(e);
-            }
-        }
-        fence_catch_up.push(r.fence_change + 1);
-        committed.push(r.seq);
+        // Events the store already holds keep their `seq` and are not published again.
+        let replayed = r.driver.take_events();
+        let all = replayed.len() as u64;
+        let pending: Vec<Event> = replayed
+            .into_iter()
+            .filter(|e| !known.contains(&e.id))
+            .collect();
+        summary.replayed_new += pending.len() as u64;
+        summary.replayed_known += all - pending.len() as u64;
+        fence_catch_up.push(r.driver.fence_pos() + 1);
+        committed.push(r.driver.applied());
         shards.push(ShardStart {
-            engine: r.engine,
-            seq: r.seq,
+            driver: r.driver,
             pending,
+            // Sent by the fence log's catch-up once the service runs (`fence_catch_up`).
+            fences: ChangeLog::default(),
         });
     }
     if let Some(s) = &store {
@@ -461,11 +358,12 @@ pub fn boot(cfg: &Config) -> Result<Booted, BootError> {
     Ok(Booted {
         store,
         log,
-        fences: current.into_values().collect(),
+        fences: stored_fences.current.into_values().collect(),
         shards,
-        next_fence_change,
-        fences_since_checkpoint: since_checkpoint.into_iter().collect(),
+        next_fence_change: stored_fences.next_change,
+        fences_since_checkpoint: stored_fences.since_checkpoint.into_iter().collect(),
         fence_catch_up,
+        fence_log: stored_fences.changes,
         committed,
         watermark: stored_w,
         max_seen,

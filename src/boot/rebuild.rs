@@ -1,24 +1,23 @@
-//! The engines rebuilt for a warm start: each shard's checkpointed devices restored, then its
-//! input records after the checkpoint replayed, on a thread per shard.
+//! The partitions rebuilt for a warm start, on the runtime's one restore path
+//! ([`Driver::restore`], then [`Driver::apply`] for each record after the checkpoint, as a
+//! cluster's takeover does), on a thread per partition.
 //!
-//! Invariant: a record is applied exactly as the shard applied it when it arrived: the engine is
-//! first advanced to the watermark it had then, each fix is ingested with the watermark it
-//! arrived under, and fence changes are applied where the shard applied them.
+//! Invariant: a record is applied exactly as the partition applied it when it arrived: the
+//! engine is first advanced to the watermark it had then, each fix is ingested with the
+//! watermark it arrived under, and fence changes are applied where the partition applied them.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::BootError;
+use super::error::BootError;
 use crate::store::RawDevice;
-use crate::store::input::{ShardInput, decode_shard_input};
-use geodwell_core::engine::{DeviceState, Engine, EngineConfig, Restored};
-use geodwell_core::event::Event;
+use geodwell_core::engine::{DeviceState, EngineConfig, Restored};
 use geodwell_core::fences::Fence;
+use geodwell_core::partition::{ChangeLog, Driver, Frozen, Input, record};
 use geodwell_core::time::Ts;
 
-/// What one shard starts from: its checkpointed devices, position and watermark, and its input
-/// records after the checkpoint (in `seq` order).
+/// What one partition starts from: its checkpointed devices, position and watermark, and its
+/// input records after the checkpoint (in position order).
 #[derive(Debug)]
 pub(super) struct ShardPlan {
     pub(super) devices: Vec<RawDevice>,
@@ -27,18 +26,15 @@ pub(super) struct ShardPlan {
     pub(super) inputs: Vec<Vec<u8>>,
 }
 
-/// One shard rebuilt.
+/// One partition rebuilt.
 pub(super) struct RebuiltShard {
-    pub(super) engine: Engine,
-    pub(super) seq: u64,
-    pub(super) fence_change: u64,
+    pub(super) driver: Driver,
     pub(super) records: u64,
     pub(super) fixes: u64,
-    pub(super) events: Vec<Event>,
     pub(super) restored: Restored,
 }
 
-/// Every shard rebuilt, and how long it took.
+/// Every partition rebuilt, and how long it took.
 pub(super) struct Rebuilt {
     pub(super) shards: Vec<RebuiltShard>,
     pub(super) restored: Restored,
@@ -47,16 +43,34 @@ pub(super) struct Rebuilt {
     pub(super) per_shard: Vec<Duration>,
 }
 
-/// Restores every shard from its checkpointed devices and replays its records, in parallel.
-pub(super) fn rebuild(
-    engine_cfg: &EngineConfig,
-    fences: &[Arc<Fence>],
-    changes: &BTreeMap<u64, Parsed>,
-    fence_change: u64,
-    plans: Vec<ShardPlan>,
-    max_device_len: usize,
-    data_dir: &std::path::Path,
-) -> Result<Rebuilt, BootError> {
+/// What every partition is rebuilt from besides its own plan.
+pub(super) struct Common<'a> {
+    pub(super) engine_cfg: &'a EngineConfig,
+    /// The fence set at the checkpoint's fence position `fence_change`.
+    pub(super) fences: &'a [Arc<Fence>],
+    /// The fence log after it.
+    pub(super) changes: &'a ChangeLog,
+    pub(super) fence_change: u64,
+    /// The watermark the store committed: a partition is advanced to it after its records,
+    /// so that the events of the advances between and after records (which are not records of
+    /// their own) come out of the rebuild too, and those already stored are known as such.
+    pub(super) committed_w: Option<Ts>,
+    pub(super) max_device_len: usize,
+    pub(super) data_dir: &'a std::path::Path,
+}
+
+/// Restores every partition from its checkpointed devices and replays its records, in
+/// parallel.
+pub(super) fn rebuild(c: &Common<'_>, plans: Vec<ShardPlan>) -> Result<Rebuilt, BootError> {
+    let Common {
+        engine_cfg,
+        fences,
+        changes,
+        fence_change,
+        committed_w,
+        max_device_len,
+        data_dir,
+    } = *c;
     let t0 = Instant::now();
     let restore_took = std::sync::Mutex::new(Duration::ZERO);
     type ShardResult = Result<(RebuiltShard, Duration), BootError>;
@@ -67,45 +81,33 @@ pub(super) fn rebuild(
                 let restore_took = &restore_took;
                 scope.spawn(move || -> ShardResult {
                     let t = Instant::now();
-                    let mut engine = Engine::new(engine_cfg.clone());
-                    let mut events = Vec::new();
-                    for f in fences {
-                        engine.upsert_fence(f.clone(), &mut events);
-                    }
-                    events.clear();
-                    let devices: Vec<DeviceState> = plan
-                        .devices
-                        .iter()
-                        .map(|d| {
-                            d.decode().map_err(|e| {
-                                BootError::Store(crate::store::StoreError::Decode {
-                                    path: data_dir.join(crate::store::checkpoint::CHECKPOINT_FILE),
-                                    table: "devices",
-                                    key: d.id.clone(),
-                                    detail: e.0,
-                                })
-                            })
-                        })
-                        .collect::<Result<_, _>>()?;
-                    drop(plan.devices);
-                    let restored = engine
-                        .restore(devices, plan.watermark)
-                        .map_err(|e| BootError::Corrupt(e.to_string()))?;
+                    let devices = decode(&plan.devices, data_dir)?;
+                    let at = Frozen {
+                        position: plan.seq,
+                        fence_pos: fence_change,
+                        watermark: plan.watermark,
+                    };
+                    let (driver, restored) =
+                        Driver::restore(engine_cfg.clone(), fences.iter().cloned(), devices, at)
+                            .map_err(|e| BootError::Corrupt(e.to_string()))?;
                     {
                         let mut r = restore_took.lock().unwrap_or_else(|p| p.into_inner());
                         *r = (*r).max(t.elapsed());
                     }
                     let mut shard = RebuiltShard {
-                        engine,
-                        seq: plan.seq,
-                        fence_change,
+                        driver,
                         records: 0,
                         fixes: 0,
-                        events,
                         restored,
                     };
                     for rec in &plan.inputs {
                         replay(&mut shard, rec, changes, max_device_len)?;
+                    }
+                    if let Some(w) = committed_w {
+                        let mut carried = shard.driver.advance(w);
+                        while carried {
+                            carried = shard.driver.work_off();
+                        }
                     }
                     Ok((shard, t.elapsed()))
                 })
@@ -141,63 +143,40 @@ pub(super) fn rebuild(
     Ok(out)
 }
 
-/// Applies one input record to a shard's engine, exactly as the shard applied it.
+/// The checkpoint's device records, decoded.
+fn decode(raw: &[RawDevice], data_dir: &std::path::Path) -> Result<Vec<DeviceState>, BootError> {
+    raw.iter()
+        .map(|d| {
+            d.decode().map_err(|e| {
+                BootError::Store(crate::store::StoreError::Decode {
+                    path: data_dir.join(crate::store::checkpoint::CHECKPOINT_FILE),
+                    table: "devices",
+                    key: d.id.clone(),
+                    detail: e.0,
+                })
+            })
+        })
+        .collect()
+}
+
+/// Applies one input record to a partition, exactly as it was applied when it arrived.
 fn replay(
     shard: &mut RebuiltShard,
     rec: &[u8],
-    changes: &BTreeMap<u64, Parsed>,
+    changes: &ChangeLog,
     max_device_len: usize,
 ) -> Result<(), BootError> {
-    let input = decode_shard_input(rec, max_device_len).map_err(|e| {
-        BootError::Corrupt(format!(
-            "input record {} after seq {}: {}",
-            shard.records + 1,
-            shard.seq,
-            e.0
-        ))
-    })?;
-    let engine = &mut shard.engine;
-    match input {
-        ShardInput::Fixes { w_before, fixes } => {
-            if let Some(w) = w_before {
-                engine.advance(w, &mut shard.events);
-            }
-            shard.fixes += fixes.len() as u64;
-            for (fix, stamp) in &fixes {
-                // The outcome (accepted, late, ...) was answered when the fix arrived.
-                let _ = engine.ingest(fix, *stamp, &mut shard.events);
-            }
-        }
-        ShardInput::Removed(r) => {
-            crate::shard::apply_removal(engine, &r, &mut shard.events);
-        }
-        ShardInput::Fence(n) => {
-            let change = changes.get(&n).ok_or_else(|| {
-                BootError::Corrupt(format!(
-                    "an input record applies fence change {n}, which the log does not hold"
-                ))
-            })?;
-            match change {
-                Parsed::Put(f) => {
-                    engine.upsert_fence(f.clone(), &mut shard.events);
-                }
-                Parsed::Delete(id) => {
-                    engine.remove_fence(id);
-                }
-            }
-            shard.fence_change = n;
-        }
+    let pos = shard.driver.applied() + 1;
+    let input = record::decode(rec, max_device_len)
+        .map_err(|e| BootError::Corrupt(format!("input record {pos}: {e}")))?;
+    if let Input::Fixes { fixes, .. } = &input {
+        shard.fixes += fixes.len() as u64;
     }
-    shard.seq += 1;
+    // The outcomes (accepted, late, ...) were answered when the record arrived.
+    shard
+        .driver
+        .apply(pos, &input, 0, changes)
+        .map_err(|e| BootError::Corrupt(format!("input record {pos}: {e}")))?;
     shard.records += 1;
     Ok(())
-}
-
-/// A fence change of the log, parsed.
-#[derive(Debug)]
-pub(super) enum Parsed {
-    /// Insert or replace.
-    Put(Arc<Fence>),
-    /// Delete the fence with this id.
-    Delete(String),
 }

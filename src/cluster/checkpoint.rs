@@ -1,6 +1,6 @@
-//! A partition's checkpoint: its engine's state at a position of its input, as one object in the
-//! object store, and the pointer to the newest one (a key of the META bucket, moved by
-//! compare-and-set).
+//! A cluster partition's checkpoint storage: its engine's state at a position of its input, as
+//! one object in the object store, and the pointer to the newest one (a key of the META bucket,
+//! moved by compare-and-set); writing one ([`write`]) and restoring from one ([`restore`]).
 //!
 //! Object layout (`uv` LEB128, `zz` zigzag varints; devices in the embedded store's encoding,
 //! `store::codec`):
@@ -18,11 +18,21 @@
 //! covers is in the events stream (the caller waits for that), so a takeover that starts from it
 //! never needs an event the checkpoint's input produced.
 
-use geodwell_core::engine::DeviceState;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use metrics::{counter, gauge, histogram};
+
+use geodwell_core::codec::{self, DecodeError, Reader, put_str, put_uv, put_zz};
+use geodwell_core::engine::{DeviceState, Engine};
+use geodwell_core::partition::{Driver, Frozen};
 use geodwell_core::time::Ts;
 
-use super::nats::{Nats, NatsError};
-use crate::store::codec::{self, DecodeError, Reader, put_str, put_uv, put_zz};
+use super::lease::Lease;
+use super::nats::{Nats, NatsError, in_subject};
+use super::outbox::Outbox;
+use super::shared::Shared;
+use crate::telemetry as t;
 
 /// Where a partition's newest checkpoint is, and what it covers.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -165,11 +175,11 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, DecodeError> {
     let fence_pos = r.uv()?;
     let ev_mark = r.uv()?;
     let watermark = if r.bool()? { Some(Ts(r.zz()?)) } else { None };
-    let n = r.len()?;
+    let n = r.count()?;
     let mut devices = Vec::with_capacity(n.min(1 << 20));
     for _ in 0..n {
         let id = r.str()?.to_string();
-        let len = r.len()?;
+        let len = r.count()?;
         let end =
             r.at.checked_add(len)
                 .filter(|&e| e <= data.len())
@@ -236,6 +246,204 @@ pub async fn move_pointer(nats: &Nats, p: u16, new: &Pointer) -> Result<bool, Na
         format!("move the checkpoint pointer of partition {p}"),
         "kept losing the compare-and-set",
     ))
+}
+
+/// A frozen checkpoint, its devices all handed out, to write.
+pub struct Write {
+    /// The object's bytes so far.
+    pub enc: Encoder,
+    /// Events the partition had produced at the freeze (the pointer waits for them).
+    pub produced: u64,
+    /// The last input record it covers.
+    pub input_seq: u64,
+    /// The fence position it covers.
+    pub fence_pos: u64,
+    /// The events subject's last sequence at the freeze.
+    pub ev_mark: u64,
+    /// When the freeze began.
+    pub started: Instant,
+}
+
+/// Writes a frozen checkpoint: the object, then (once every event produced before the freeze is
+/// in the stream, and while the lease holds) the pointer; then purges the input the previous
+/// checkpoint covered and deletes the object before it. Returns the new pointer once it moved.
+pub async fn write(
+    sh: Arc<Shared>,
+    p: u16,
+    lease: Arc<Lease>,
+    outbox: Outbox,
+    f: Write,
+    previous: Option<Pointer>,
+) -> Option<Pointer> {
+    let Write {
+        enc,
+        produced,
+        input_seq,
+        fence_pos,
+        ev_mark,
+        started,
+    } = f;
+    let devices = enc.count();
+    let bytes = enc.finish();
+    let object = format!("ck-{p}-{}-{input_seq}", lease.epoch());
+    let put = sh
+        .nats
+        .objects
+        .put(
+            async_nats::jetstream::object_store::ObjectMetadata {
+                name: object.clone(),
+                chunk_size: Some(256 * 1024),
+                ..Default::default()
+            },
+            &mut bytes.as_slice(),
+        )
+        .await;
+    if let Err(e) = put {
+        counter!(t::CLUSTER_CHECKPOINT_FAILURES).increment(1);
+        tracing::warn!(partition = p, error = %e, "checkpoint object not written");
+        return None;
+    }
+    if !outbox.wait_acked(produced).await || !lease.valid() {
+        let _ = sh.nats.objects.delete(object.as_str()).await;
+        return None;
+    }
+    let ptr = Pointer {
+        object: object.clone(),
+        input_seq,
+        fence_pos,
+        ev_mark,
+        previous: previous.as_ref().map(|c| (c.object.clone(), c.input_seq)),
+        node: sh.node.clone(),
+        epoch: lease.epoch(),
+        at_ms: sh.watermark.wall().now().0,
+        devices,
+        bytes: bytes.len() as u64,
+    };
+    match move_pointer(&sh.nats, p, &ptr).await {
+        Ok(true) => {}
+        Ok(false) => {
+            // The pointer is already as far (a newer holder, or a later write of this one):
+            // this object is not needed, unless the pointer names it as its fallback.
+            let named = read_pointer(&sh.nats, p).await.map(|c| {
+                c.is_some_and(|(c, _)| {
+                    c.object == object || c.previous.as_ref().is_some_and(|(o, _)| *o == object)
+                })
+            });
+            if matches!(named, Ok(false)) {
+                let _ = sh.nats.objects.delete(object.as_str()).await;
+            }
+            return None;
+        }
+        // Unknown whether it moved: the object stays (an orphan at worst).
+        Err(_) => return None,
+    }
+    counter!(t::CLUSTER_CHECKPOINTS).increment(1);
+    histogram!(t::CLUSTER_CHECKPOINT_SECONDS).record(started.elapsed().as_secs_f64());
+    gauge!(t::CLUSTER_CHECKPOINT_BYTES, "partition" => p.to_string()).set(bytes.len() as f64);
+    // The previous checkpoint stays as the fallback: its input is kept, the one before goes.
+    if let Some(prev) = previous
+        && let Some((older, older_seq)) = prev.previous
+    {
+        let _ = sh.nats.objects.delete(older.as_str()).await;
+        let _ = sh
+            .nats
+            .input
+            .purge()
+            .filter(in_subject(p))
+            .sequence(older_seq + 1)
+            .await;
+    }
+    Some(ptr)
+}
+
+/// Rebuilds partition `p`'s driver from its newest checkpoint (falling back to the one before
+/// when the newest cannot be read), or an empty one, on the runtime's one restore path
+/// ([`Driver::restore`]).
+pub async fn restore(sh: &Shared, p: u16) -> Result<(Driver, Option<Pointer>), NatsError> {
+    let Some((ptr, _)) = read_pointer(&sh.nats, p).await? else {
+        // A partition that never checkpointed starts empty, at fence position 0: its input holds
+        // a marker for every fence change since the cluster began.
+        return Ok((Driver::new(Engine::new(sh.engine.clone()), 0, 0), None));
+    };
+    match restore_from(sh, p, &ptr.object).await {
+        Ok((driver, ck)) if ck.input_seq == ptr.input_seq => Ok((driver, Some(ptr))),
+        Ok(_) => Err(NatsError::Corrupt {
+            what: format!("checkpoint {}", ptr.object),
+            detail: "its position is not the pointer's".into(),
+        }),
+        Err(e) => {
+            let Some((older, older_seq)) = ptr.previous.clone() else {
+                return Err(e);
+            };
+            tracing::warn!(partition = p, error = %e, fallback = %older, "newest checkpoint unreadable; using the one before");
+            let (driver, ck) = restore_from(sh, p, &older).await?;
+            let fallback = Pointer {
+                object: older,
+                input_seq: older_seq,
+                fence_pos: ck.fence_pos,
+                ev_mark: ck.ev_mark,
+                previous: None,
+                at_ms: 0,
+                devices: ck.devices.len() as u64,
+                bytes: 0,
+                ..ptr
+            };
+            Ok((driver, Some(fallback)))
+        }
+    }
+}
+
+async fn restore_from(
+    sh: &Shared,
+    p: u16,
+    object: &str,
+) -> Result<(Driver, Checkpoint), NatsError> {
+    let bytes = super::fences::read_object(&sh.nats, object).await?;
+    let mut ck = tokio::task::spawn_blocking(move || decode(&bytes))
+        .await
+        .map_err(|e| NatsError::request("decode a checkpoint", e))?
+        .map_err(|e| NatsError::Corrupt {
+            what: format!("checkpoint {object}"),
+            detail: e.0,
+        })?;
+    if ck.partition != p {
+        return Err(NatsError::Corrupt {
+            what: format!("checkpoint {object}"),
+            detail: format!("it is partition {}'s", ck.partition),
+        });
+    }
+    let fence_pos = ck.fence_pos;
+    if !sh
+        .fences
+        .wait_applied(fence_pos, Duration::from_secs(60))
+        .await
+    {
+        return Err(NatsError::request(
+            "restore a checkpoint",
+            format!("fence position {fence_pos} not reached on this node"),
+        ));
+    }
+    let fences = sh
+        .fences
+        .set_at(fence_pos)
+        .map_err(|e| NatsError::request("restore a checkpoint", e))?;
+    let devices = std::mem::take(&mut ck.devices);
+    let cfg = sh.engine.clone();
+    let at = Frozen {
+        position: ck.input_seq,
+        fence_pos,
+        watermark: ck.watermark,
+    };
+    let driver = tokio::task::spawn_blocking(move || {
+        Driver::restore(cfg, fences, devices, at).map(|(d, _)| d)
+    })
+    .await
+    .map_err(|e| NatsError::request("restore a checkpoint", e))?
+    .map_err(|e| NatsError::Corrupt {
+        what: format!("checkpoint {object}"),
+        detail: e.to_string(),
+    })?;
+    Ok((driver, ck))
 }
 
 #[cfg(test)]

@@ -43,11 +43,16 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::nats::{FENCES_STREAM, FENCES_SUBJECT, Nats, NatsError, in_subject};
-use super::record::{decode_fence_write, encode_fence_write, encode_fences};
-use crate::fences::{FenceCheck, FenceMap, FenceWriteError, SharedFences, Stored, Written};
-use crate::store::input::FenceChange;
+use crate::fences::{
+    FenceCheck, FenceMap, FenceWrite, FenceWriteError, FenceWriter, Stored, Written,
+};
 use crate::telemetry as t;
+use geodwell_core::codec::{DecodeError, Reader, put_uv};
 use geodwell_core::fences::{Fence, FenceLimits, parse_fences_str};
+use geodwell_core::partition::record::{
+    self, FenceChange, Input, decode_fence_change, encode_fence_change,
+};
+use geodwell_core::partition::{FenceSource, FenceUpdate as Change, MissingFences};
 
 /// The header naming the object that holds a large write.
 const BLOB_HEADER: &str = "Geodwell-Blob";
@@ -55,15 +60,6 @@ const BLOB_HEADER: &str = "Geodwell-Blob";
 const BASE_KEY: &str = "fences.base";
 /// Changes foldable into a snapshot before the owner of partition 0 compacts.
 const COMPACT_AFTER: usize = 256;
-
-/// One parsed fence change.
-#[derive(Debug, Clone)]
-pub enum Change {
-    /// Insert or replace.
-    Put(Arc<Fence>),
-    /// Delete the fence with this id.
-    Delete(Arc<str>),
-}
 
 /// Where the fence snapshot stands ([`BASE_KEY`]).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -346,7 +342,7 @@ impl FenceLog {
     ) -> Result<async_nats::jetstream::context::PublishAckFuture, NatsError> {
         let msg = PublishMessage::build()
             .message_id(format!("fm-{p}-{c}"))
-            .payload(encode_fences(c).into());
+            .payload(record::to_bytes(&Input::Fences(c)).into());
         self.nats
             .js
             .send_publish(in_subject(p), msg)
@@ -659,14 +655,62 @@ async fn follow_once(log: &FenceLog, stop: &CancellationToken) -> Result<(), Nat
     }
 }
 
-impl SharedFences for FenceLog {
+impl FenceWriter for FenceLog {
     fn write<'a>(
         &'a self,
-        changes: Vec<FenceChange>,
+        writes: Vec<FenceWrite>,
         check: FenceCheck<'a>,
     ) -> std::pin::Pin<Box<dyn Future<Output = Result<Written, FenceWriteError>> + Send + 'a>> {
+        let changes = writes
+            .into_iter()
+            .map(|w| match w {
+                FenceWrite::Put(s) => FenceChange::Put(s.json),
+                FenceWrite::Delete(id) => FenceChange::Delete(id),
+            })
+            .collect();
         Box::pin(FenceLog::write(self, changes, check))
     }
+}
+
+impl FenceSource for FenceLog {
+    fn changes(&self, from: u64, to: u64) -> Result<Vec<Change>, MissingFences> {
+        self.changes_between(from, to)
+            .map_err(|_| MissingFences { from, to })
+    }
+}
+
+/// Encodes one fence write (its changes, in order).
+pub fn encode_fence_write(changes: &[FenceChange]) -> Vec<u8> {
+    let mut out = Vec::new();
+    put_uv(&mut out, changes.len() as u64);
+    let mut one = Vec::new();
+    for c in changes {
+        one.clear();
+        encode_fence_change(c, &mut one);
+        put_uv(&mut out, one.len() as u64);
+        out.extend_from_slice(&one);
+    }
+    out
+}
+
+/// Decodes one fence write.
+pub fn decode_fence_write(bytes: &[u8]) -> Result<Vec<FenceChange>, DecodeError> {
+    let mut r = Reader { b: bytes, at: 0 };
+    let n = r.count()?;
+    let mut out = Vec::with_capacity(n.min(1 << 16));
+    for _ in 0..n {
+        let len = r.count()?;
+        let end =
+            r.at.checked_add(len)
+                .filter(|&e| e <= bytes.len())
+                .ok_or_else(|| r.err("truncated fence change"))?;
+        out.push(decode_fence_change(&bytes[r.at..end])?);
+        r.at = end;
+    }
+    if r.at != bytes.len() {
+        return Err(r.err("trailing bytes"));
+    }
+    Ok(out)
 }
 
 impl Nats {
@@ -676,5 +720,32 @@ impl Nats {
         key: &str,
     ) -> Result<Option<u64>, NatsError> {
         Ok(Nats::kv_read(bucket, key).await?.map(|(_, rev)| rev))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn fence_writes_round_trip_and_damage_is_refused() {
+        let changes = vec![
+            FenceChange::Put(Arc::from("{\"type\":\"Feature\"}")),
+            FenceChange::Delete("depot-3".into()),
+            FenceChange::Delete(String::new()),
+        ];
+        let bytes = encode_fence_write(&changes);
+        assert_eq!(decode_fence_write(&bytes).unwrap(), changes);
+        for cut in 0..bytes.len() {
+            assert!(decode_fence_write(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut longer = bytes.clone();
+        longer.push(1);
+        assert!(decode_fence_write(&longer).is_err());
+        assert_eq!(
+            decode_fence_write(&encode_fence_write(&[])).unwrap(),
+            vec![]
+        );
     }
 }

@@ -9,10 +9,14 @@
 //!   a batch sent again within the stream's duplicate window is dropped by the stream, and its
 //!   fixes are answered `duplicate`, which is what the engine would answer too.
 //! - Each part names this node and a request number in [`REPLY_HEADER`]; the owner, once it has
-//!   applied the part, sends the outcomes to `geodwell.out.<node>`. An owner that does not answer
-//!   within [`OUTCOME_WAIT`] (it is being taken over) leaves the part's fixes answered `accepted`:
-//!   they are durable and will be applied; the engine's verdict on them then shows only in the
-//!   metrics.
+//!   applied the part, sends the outcomes to `geodwell.out.<node>`. Ingest never waits on an
+//!   absent owner: a part whose owner does not answer within [`OUTCOME_WAIT`] is answered
+//!   `accepted` (unconfirmed: it is durable and will be applied; the engine's verdict shows
+//!   only in the metrics), and from then on the partition is **silent** ([`Owners`]): its parts
+//!   are answered as soon as the stream holds them, while their outcomes are still listened
+//!   for; the first outcome that comes back makes it answering again. So the loss of a node
+//!   costs a survivor's clients at most one [`OUTCOME_WAIT`] per partition, not the failure
+//!   detection.
 //!
 //! - The cluster's watermark (event mode) moves only with batches whose every part is in the
 //!   stream ([`BatchAck`]): a half-stored batch, answered 503 and sent again, is judged like
@@ -36,18 +40,60 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::nats::{Nats, REQUEST_TIMEOUT, in_subject, outcome_subject};
-use super::record::encode_fix_record;
 use crate::events::publisher::{FixOutcome, PublishError, StepReply};
 use crate::shard::{SendError, StampedFix};
-use crate::store::codec::{DecodeError, Reader, put_uv};
 use crate::telemetry as t;
+use geodwell_core::codec::{DecodeError, Reader, put_uv};
 use geodwell_core::engine::{IngestError, Ingested, LateReason};
+use geodwell_core::partition::record::encode_fixes;
 
 /// The header naming who waits for a part's outcomes: `<node>.<request>`.
 pub const REPLY_HEADER: &str = "Geodwell-Reply";
 
-/// How long a part's answer waits for its owner's outcomes after its PubAck.
-pub const OUTCOME_WAIT: Duration = Duration::from_secs(2);
+/// How long a part's answer waits for its owner's outcomes after its PubAck (a live owner
+/// answers within milliseconds; one that is being replaced does not answer at all).
+pub const OUTCOME_WAIT: Duration = Duration::from_millis(500);
+
+/// Per partition, whether its owner answers outcomes (see the module's notes). All answer at
+/// first.
+#[derive(Debug)]
+pub struct Owners(Vec<std::sync::atomic::AtomicBool>);
+
+impl Owners {
+    fn new(partitions: u16) -> Owners {
+        Owners(
+            (0..partitions)
+                .map(|_| std::sync::atomic::AtomicBool::new(true))
+                .collect(),
+        )
+    }
+
+    /// Whether partition `p`'s owner answers outcomes.
+    fn answers(&self, p: u16) -> bool {
+        self.0
+            .get(usize::from(p))
+            .is_some_and(|a| a.load(Ordering::Acquire))
+    }
+
+    /// Partition `p`'s owner answered (`true`) or did not within [`OUTCOME_WAIT`].
+    fn set(&self, p: u16, answers: bool) {
+        if let Some(a) = self.0.get(usize::from(p))
+            && a.swap(answers, Ordering::AcqRel) != answers
+        {
+            if answers {
+                tracing::info!(
+                    partition = p,
+                    "the partition's owner answers outcomes again"
+                );
+            } else {
+                tracing::info!(
+                    partition = p,
+                    "the partition's owner did not answer outcomes; its fixes are answered accepted once stored, until it does"
+                );
+            }
+        }
+    }
+}
 
 /// Parts waiting for acknowledgements and outcomes at most.
 pub const MAX_IN_FLIGHT: usize = 8192;
@@ -182,14 +228,12 @@ impl ClusterIngest {
             }
         });
         let acked_max = Arc::new(AtomicI64::new(i64::MIN));
-        tokio::spawn(publish(
-            nats,
-            node.to_string(),
-            rx,
+        let waits = Waits {
             pending,
-            acked_max.clone(),
-            stop,
-        ));
+            acked_max: acked_max.clone(),
+            owners: Arc::new(Owners::new(nats_partitions)),
+        };
+        tokio::spawn(publish(nats, node.to_string(), rx, waits, stop));
         Ok(ClusterIngest {
             tx,
             partitions: nats_partitions,
@@ -258,7 +302,8 @@ impl ClusterIngest {
             }
             let Some(permit) = permits.next() else { break };
             let mut record = Vec::with_capacity(16 + fixes.len() * 48);
-            encode_fix_record(
+            encode_fixes(
+                None,
                 fixes.len(),
                 fixes.iter().map(|s| (&s.fix, s.w)),
                 &mut record,
@@ -298,14 +343,30 @@ fn part_id(p: u16, fixes: &[StampedFix]) -> String {
     format!("fx-{p}-{:032x}", h.digest128())
 }
 
+/// What the parts' waiting tasks share.
+#[derive(Clone)]
+struct Waits {
+    pending: Pending,
+    acked_max: Arc<AtomicI64>,
+    owners: Arc<Owners>,
+}
+
+impl Waits {
+    fn forget(&self, req: u64) {
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&req);
+    }
+}
+
 /// Publishes parts in order; each part's acknowledgement and outcomes are awaited in a task of
 /// its own.
 async fn publish(
     nats: Nats,
     node: String,
     mut rx: mpsc::Receiver<Job>,
-    pending: Pending,
-    acked_max: Arc<AtomicI64>,
+    waits: Waits,
     stop: CancellationToken,
 ) {
     static REQUESTS: AtomicU64 = AtomicU64::new(1);
@@ -325,7 +386,8 @@ async fn publish(
         };
         let req = REQUESTS.fetch_add(1, Ordering::Relaxed);
         let (otx, orx) = oneshot::channel();
-        pending
+        waits
+            .pending
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(req, otx);
@@ -338,8 +400,7 @@ async fn publish(
             .payload(record.into());
         let published = std::time::Instant::now();
         let sent = nats.js.send_publish(in_subject(job.p), msg).await;
-        let pending = pending.clone();
-        let acked_max = acked_max.clone();
+        let waits = waits.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let ack = match sent {
@@ -352,63 +413,78 @@ async fn publish(
                     }),
                 Err(e) => Err(e),
             };
-            if ack.is_ok() {
-                metrics::histogram!(t::CLUSTER_INGEST_ACK_SECONDS)
-                    .record(published.elapsed().as_secs_f64());
-            }
-            if let Some(max) = job.batch.part_done(ack.is_ok()) {
-                acked_max.fetch_max(max, Ordering::AcqRel);
-            }
-            let reply = match ack {
-                Err(e) => {
-                    counter!(t::CLUSTER_INGEST_FAILURES).increment(1);
-                    pending
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .remove(&req);
-                    Err(PublishError::Store(format!(
-                        "the partition's input did not acknowledge: {e}"
-                    )))
-                }
-                Ok(a) if a.duplicate => {
-                    pending
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .remove(&req);
-                    Ok(job
-                        .fixes
-                        .iter()
-                        .map(|(i, _)| (*i, Ok(Ingested::Duplicate)))
-                        .collect())
-                }
-                Ok(_) => {
-                    let outcomes = tokio::time::timeout(OUTCOME_WAIT, orx).await;
-                    pending
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .remove(&req);
-                    match outcomes {
-                        Ok(Ok(o)) if o.len() == job.fixes.len() => Ok(job
-                            .fixes
-                            .iter()
-                            .zip(o)
-                            .map(|((i, device), o)| (*i, o.into_result(device)))
-                            .collect::<Vec<FixOutcome>>()),
-                        _ => {
-                            counter!(t::CLUSTER_OUTCOMES_UNCONFIRMED)
-                                .increment(job.fixes.len() as u64);
-                            Ok(job
-                                .fixes
-                                .iter()
-                                .map(|(i, _)| (*i, Ok(Ingested::Accepted)))
-                                .collect())
-                        }
-                    }
-                }
-            };
-            let _ = job.reply.send(reply);
+            answer(job, req, ack, orx, published, &waits).await;
         });
     }
+}
+
+/// Answers one part once the stream acknowledged it: with its owner's outcomes, or `accepted`
+/// when the owner does not answer (see the module's notes).
+async fn answer(
+    job: Job,
+    req: u64,
+    ack: Result<
+        async_nats::jetstream::publish::PublishAck,
+        async_nats::jetstream::context::PublishError,
+    >,
+    outcomes: oneshot::Receiver<Vec<Outcome>>,
+    published: std::time::Instant,
+    waits: &Waits,
+) {
+    if ack.is_ok() {
+        metrics::histogram!(t::CLUSTER_INGEST_ACK_SECONDS)
+            .record(published.elapsed().as_secs_f64());
+    }
+    if let Some(max) = job.batch.part_done(ack.is_ok()) {
+        waits.acked_max.fetch_max(max, Ordering::AcqRel);
+    }
+    let same =
+        |o: Ingested| -> Vec<FixOutcome> { job.fixes.iter().map(|(i, _)| (*i, Ok(o))).collect() };
+    let ack = match ack {
+        Err(e) => {
+            counter!(t::CLUSTER_INGEST_FAILURES).increment(1);
+            waits.forget(req);
+            let _ = job.reply.send(Err(PublishError::Store(format!(
+                "the partition's input did not acknowledge: {e}"
+            ))));
+            return;
+        }
+        Ok(a) => a,
+    };
+    if ack.duplicate {
+        waits.forget(req);
+        let _ = job.reply.send(Ok(same(Ingested::Duplicate)));
+        return;
+    }
+    let silent = !waits.owners.answers(job.p);
+    let mut reply = Some(job.reply);
+    if silent {
+        counter!(t::CLUSTER_OUTCOMES_UNCONFIRMED).increment(job.fixes.len() as u64);
+        if let Some(r) = reply.take() {
+            let _ = r.send(Ok(same(Ingested::Accepted)));
+        }
+    }
+    let got = tokio::time::timeout(OUTCOME_WAIT, outcomes).await;
+    waits.forget(req);
+    let confirmed = match got {
+        Ok(Ok(o)) if o.len() == job.fixes.len() => Some(o),
+        _ => None,
+    };
+    waits.owners.set(job.p, confirmed.is_some());
+    let Some(r) = reply else { return };
+    let answer = match confirmed {
+        Some(o) => job
+            .fixes
+            .iter()
+            .zip(o)
+            .map(|((i, device), o)| (*i, o.into_result(device)))
+            .collect(),
+        None => {
+            counter!(t::CLUSTER_OUTCOMES_UNCONFIRMED).increment(job.fixes.len() as u64);
+            same(Ingested::Accepted)
+        }
+    };
+    let _ = r.send(Ok(answer));
 }
 
 /// How the owner took one fix, on the wire.
@@ -480,7 +556,7 @@ pub fn encode_outcomes(req: u64, outcomes: &[Result<Ingested, IngestError>]) -> 
 pub fn decode_outcomes(b: &[u8]) -> Result<(u64, Vec<Outcome>), DecodeError> {
     let mut r = Reader { b, at: 0 };
     let req = r.uv()?;
-    let n = r.len()?;
+    let n = r.count()?;
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
         out.push(match r.u8()? {

@@ -4,11 +4,11 @@
 //! by replaying its input from its last checkpoint.
 //!
 //! - [`nats`]: the connection and everything the cluster keeps in NATS;
-//! - [`record`]: a partition's input records and the fence change messages (pure encodings);
-//! - [`fences`]: the fence log every node follows, and fence writes;
+//! - [`fences`]: the fence log every node follows, fence writes and their message encoding;
 //! - [`lease`]: leases in a key/value bucket; [`assign`]: who should own what (pure);
-//! - [`partition`]: one partition's engine while this node holds it; [`outbox`]: its events
-//!   into the events stream, once each; [`checkpoint`]: its checkpoints;
+//! - [`partition`]: the runtime's backend for a partition this node holds; [`shared`]: what
+//!   every partition task shares; [`outbox`]: its events into the events stream, once each;
+//!   [`checkpoint`]: its checkpoints (written, and restored from);
 //! - [`ingest`]: fixes into the partitions' input; [`query`]: device queries to the owners;
 //! - [`feed`]: the events stream into this node's event log;
 //! - [`node`]: membership rounds, ownership, and the [`crate::shard::Partitions`] the service's
@@ -32,7 +32,7 @@ pub mod node;
 pub mod outbox;
 pub mod partition;
 pub mod query;
-pub mod record;
+pub mod shared;
 pub mod sinks;
 pub mod status;
 
@@ -49,7 +49,6 @@ use crate::config::Config;
 use crate::events::EventLog;
 use crate::fences::FenceMap;
 use crate::shard::Shards;
-use geodwell_core::engine::EngineConfig;
 use geodwell_core::fences::Fence;
 
 pub use nats::NatsError;
@@ -121,20 +120,12 @@ impl ClusterNode {
         )
         .await?;
         let partitions = nats.partitions as usize;
-        let shared = Arc::new(partition::Shared {
+        let shared = Arc::new(shared::Shared {
             nats: nats.clone(),
             node: cc.node_id.clone(),
             fences: fences.clone(),
             watermark: start.watermark.clone(),
-            engine: EngineConfig {
-                tick: cfg.tick,
-                max_fires_per_advance: cfg.max_fires_per_tick,
-                max_buffered_per_device: cfg.max_buffered_per_device,
-                max_devices: cfg.max_devices.div_ceil(partitions.max(1)),
-                track_dirty: true,
-                max_delay: cfg.delay_rules().0,
-                delay_hold: cfg.delay_rules().1,
-            },
+            engine: cfg.engine_config(partitions, true),
             max_device_len: cfg.max_device_len,
             // Also without idle_ttl when removed devices keep tombstones (max_delay), which the
             // sweep forgets once they are past it (ttl 0: tombstones only).
@@ -176,7 +167,7 @@ impl ClusterNode {
                 stop.clone(),
             )));
         }
-        let shards = Shards::remote(Arc::new(node::ClusterPartitions::new(
+        let shards = Shards::new(Arc::new(node::ClusterPartitions::new(
             nats.clone(),
             ingest,
             runtime.clone(),

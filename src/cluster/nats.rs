@@ -39,6 +39,8 @@ pub const NODES: &str = "geodwell_nodes";
 pub const META: &str = "geodwell_meta";
 /// Checkpoints, fence snapshots and large fence changes.
 pub const OBJECTS: &str = "geodwell_objects";
+/// The key/value bucket of the cluster's webhook sinks.
+pub const SINKS: &str = "geodwell_sinks";
 
 /// How long the streams remember a `Nats-Msg-Id` to drop a re-sent copy.
 pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
@@ -148,7 +150,7 @@ pub struct Nats {
     pub nodes: kv::Store,
     /// [`META`].
     pub meta: kv::Store,
-    /// [`super::sinks::SINKS`].
+    /// [`SINKS`].
     pub sinks: kv::Store,
     /// [`OBJECTS`].
     pub objects: object_store::ObjectStore,
@@ -250,7 +252,7 @@ impl Nats {
                 "cluster.partitions differs from the cluster's, which is fixed when it is first created; using the cluster's"
             );
         }
-        let sinks = kv_bucket(&js, super::sinks::SINKS, replicas, Duration::ZERO, 1).await?;
+        let sinks = kv_bucket(&js, SINKS, replicas, Duration::ZERO, 1).await?;
         let leases = kv_bucket(&js, LEASES, replicas, lease_max_age(cfg.lease_ttl), 1).await?;
         let nodes = kv_bucket(&js, NODES, replicas, lease_max_age(cfg.lease_ttl), 1).await?;
         let lease_ttl = leases

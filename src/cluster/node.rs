@@ -5,14 +5,16 @@
 //! released anywhere:
 //! 1. write this node's heartbeat (its entry in the nodes bucket, with its partitions' status);
 //! 2. renew every lease it holds; a lease found taken makes its partition stand down;
-//! 3. read the live nodes and the lease holders, and rank the nodes for every partition
-//!    (rendezvous hashing, [`super::assign`]);
-//! 4. take each free partition this node ranks first at once, and one it ranks `r`-th once the
-//!    partition has been free for `r` lease lifetimes (so a free partition never stays free
-//!    because its first choice is stuck);
-//! 5. hand over (final checkpoint, then release) each partition it holds that a live node
-//!    ranks above it and that node has been live for a lease lifetime (a joining node gets its
-//!    share; nothing moves back and forth while membership settles);
+//! 3. read the live nodes and the lease holders, and assign every partition an owner
+//!    (rendezvous hashing with bounded loads, [`super::assign::owners`]: no node owns more than
+//!    `ceil(P / N)`);
+//! 4. take each free partition assigned to this node at once, and one it ranks `r`-th once the
+//!    partition has been free for `r + 1` lease lifetimes (so a free partition never stays free
+//!    because its assigned owner is stuck);
+//! 5. hand over (final checkpoint, then release) each partition it holds that is assigned to
+//!    another live node, once the live set this node sees has not changed for a lease lifetime
+//!    (nodes starting one after the other get their share in one move each, and nothing moves
+//!    back and forth while membership settles);
 //! 6. as owner of partition 0, compact the fence stream when every partition's checkpoint
 //!    allows it.
 //!
@@ -33,14 +35,15 @@ use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::assign::{partition_key, rank};
+use super::assign::{owners, partition_key, rank};
 use super::checkpoint;
 use super::fences::FenceLog;
 use super::ingest::ClusterIngest;
 use super::lease::{Lease, Leases, Renewed, kv_entries};
 use super::nats::{Nats, NatsError, query_subject};
-use super::partition::{self, Control, Ended, Shared};
+use super::partition::{self, Control, Ended};
 use super::query;
+use super::shared::Shared;
 use super::status::{Board, Heartbeat};
 use crate::events::publisher::StepReply;
 use crate::shard::{
@@ -48,6 +51,7 @@ use crate::shard::{
 };
 use crate::telemetry as t;
 use geodwell_core::engine::DeviceView;
+use geodwell_core::partition::{Input, Removal, record};
 use geodwell_core::time::Ts;
 
 /// How long a device query waits for a partition's owner.
@@ -137,10 +141,15 @@ impl Runtime {
     }
 
     /// Asks partition `p` to stop (a handover): it checkpoints, then the round releases it.
-    fn hand_over(&self, p: u16) {
+    fn hand_over(&self, p: u16, to: &str) {
         if let Some(r) = self.lock().get_mut(&p)
             && !r.stopping
         {
+            tracing::info!(
+                partition = p,
+                to,
+                "handing the partition over to its assigned owner"
+            );
             r.stopping = true;
             let _ = r.control.try_send(Control::Stop);
         }
@@ -249,21 +258,24 @@ impl ClusterPartitions {
         }
     }
 
-    /// Asks partition `p`'s owner an occupancy query: this node's own partition task when it
-    /// owns it, else the owner over NATS; the answer is encoded the same either way.
+    /// Asks partition `p`'s owner `req`: this node's own partition task when it owns it
+    /// (`None` when it does not, or its task is gone), the answer encoded as for another node.
+    async fn ask_own(&self, p: u16, req: &query::Request) -> Option<Vec<u8>> {
+        let c = self.runtime.control(p)?;
+        let (tx, rx) = oneshot::channel();
+        let req = req.clone();
+        let q: crate::runtime::Query = Box::new(move |engine| {
+            let _ = tx.send(query::answer(engine, &req));
+        });
+        c.send(Control::Query(q)).await.ok()?;
+        rx.await.ok()
+    }
+
+    /// Asks partition `p`'s owner `req`: this node's own partition task when it owns it, else
+    /// the owner over NATS; the answer is encoded the same either way.
     async fn ask_any(&self, p: u16, req: query::Request) -> Result<Vec<u8>, QueryError> {
-        if let Some(c) = self.runtime.control(p) {
-            let (tx, rx) = oneshot::channel();
-            if c.send(Control::Ask {
-                req: req.clone(),
-                reply: tx,
-            })
-            .await
-            .is_ok()
-                && let Ok(v) = rx.await
-            {
-                return Ok(v);
-            }
+        if let Some(v) = self.ask_own(p, &req).await {
+            return Ok(v);
         }
         self.ask(p, req).await
     }
@@ -299,6 +311,7 @@ impl Partitions for ClusterPartitions {
     fn send_parts(
         &self,
         parts: Vec<Vec<StampedFix>>,
+        _arrived: std::time::Instant,
         stamp: &mut dyn FnMut(&mut [Vec<StampedFix>]),
     ) -> Result<Vec<oneshot::Receiver<StepReply>>, SendError> {
         self.ingest
@@ -309,20 +322,7 @@ impl Partitions for ClusterPartitions {
     fn device(&self, id: String) -> BoxFuture<'_, Result<Option<DeviceView>, QueryError>> {
         Box::pin(async move {
             let p = crate::shard::shard_of(&id, self.len()) as u16;
-            if let Some(c) = self.runtime.control(p) {
-                let (tx, rx) = oneshot::channel();
-                if c.send(Control::Device {
-                    id: id.clone(),
-                    reply: tx,
-                })
-                .await
-                .is_ok()
-                    && let Ok(v) = rx.await
-                {
-                    return Ok(v);
-                }
-            }
-            let body = self.ask(p, query::Request::Device { id }).await?;
+            let body = self.ask_any(p, query::Request::Device { id }).await?;
             query::decode_device(&body).map_err(QueryError::Unavailable)
         })
     }
@@ -334,23 +334,10 @@ impl Partitions for ClusterPartitions {
         limit: usize,
     ) -> BoxFuture<'_, Result<DevicePage, QueryError>> {
         Box::pin(async move {
-            let p = p as u16;
             let limit = limit.min(query::MAX_PAGE);
-            if let Some(c) = self.runtime.control(p) {
-                let (tx, rx) = oneshot::channel();
-                if c.send(Control::Page {
-                    from,
-                    limit,
-                    reply: tx,
-                })
-                .await
-                .is_ok()
-                    && let Ok(v) = rx.await
-                {
-                    return Ok(v);
-                }
-            }
-            let body = self.ask(p, query::Request::Page { from, limit }).await?;
+            let body = self
+                .ask_any(p as u16, query::Request::Page { from, limit })
+                .await?;
             query::decode_page(&body).map_err(QueryError::Unavailable)
         })
     }
@@ -379,15 +366,11 @@ impl Partitions for ClusterPartitions {
                 return Ok(false);
             }
             let p = crate::shard::shard_of(&id, self.len()) as u16;
-            let mut rec = Vec::new();
-            crate::store::input::encode_removal(
-                &crate::store::input::Removal {
-                    w_before: None,
-                    idle: None,
-                    ids: vec![id],
-                },
-                &mut rec,
-            );
+            let rec = record::to_bytes(&Input::Removed(Removal {
+                w_before: None,
+                idle: None,
+                ids: vec![id],
+            }));
             // Stored (replicated) before the answer; the owner applies it when it reads it.
             let unavailable = |e: &dyn std::fmt::Display| {
                 QueryError::Unavailable(format!(
@@ -598,15 +581,29 @@ async fn membership_round(
         nodes.push(m.node.clone());
     }
     let now = Instant::now();
-    first_seen.retain(|n, _| nodes.contains(n));
+    first_seen.retain(|n, _| {
+        let live = nodes.contains(n);
+        if !live {
+            tracing::warn!(node = %n, "a node left the cluster (its heartbeat expired or it stopped); its partitions are taken over once their leases expire");
+        }
+        live
+    });
     for n in &nodes {
-        first_seen.entry(n.clone()).or_insert(now);
+        first_seen.entry(n.clone()).or_insert_with(|| {
+            if *n != m.node {
+                tracing::info!(node = %n, "a node joined the cluster");
+            }
+            now
+        });
     }
     let holders = rt.leases.holders().await?;
     tracing::debug!(round, holders = ?holders, nodes = ?nodes, "membership round");
     let mine = rt.owned();
+    let assigned = owners(m.nats.partitions, &nodes);
+    let settled = first_seen.values().all(|t| t.elapsed() >= ttl);
     for p in 0..m.nats.partitions {
         let order = rank(&partition_key(p), &nodes);
+        let owner = assigned.get(usize::from(p)).copied();
         let key = partition_lease(p);
         match holders.get(&key) {
             None => {
@@ -617,7 +614,7 @@ async fn membership_round(
                 if mine.contains(&p) {
                     continue;
                 }
-                if r == 0 || since.elapsed() >= ttl * r as u32 {
+                if owner == Some(m.node.as_str()) || since.elapsed() >= ttl * (r as u32 + 1) {
                     match rt.leases.take(&key).await {
                         Ok(Some(lease)) => {
                             free_since.remove(&p);
@@ -633,12 +630,12 @@ async fn membership_round(
             Some(h) => {
                 free_since.remove(&p);
                 if h.node == m.node && mine.contains(&p) {
-                    // 5. Hand over to a node that ranks higher and has been live a while.
-                    if let Some(first) = order.first()
-                        && *first != m.node
-                        && first_seen.get(*first).is_some_and(|t| t.elapsed() >= ttl)
+                    // 5. Hand over to its assigned owner once membership has settled.
+                    if let Some(o) = owner
+                        && o != m.node
+                        && settled
                     {
-                        rt.hand_over(p);
+                        rt.hand_over(p, o);
                     }
                 }
             }

@@ -153,6 +153,18 @@ fn view_of(p: WirePair) -> PairView {
     }
 }
 
+/// The owner's answer to any query, encoded (what another node decodes).
+pub fn answer(engine: &Engine, req: &Request) -> Vec<u8> {
+    match req {
+        Request::Device { id } => encode_device(engine.device(id)),
+        Request::Page { from, limit } => {
+            let (page, next) = engine.device_page(*from, (*limit).min(MAX_PAGE));
+            encode_page(&page, next)
+        }
+        _ => answer_occupancy(engine, req).unwrap_or_default(),
+    }
+}
+
 /// The owner's answer to an occupancy query (`Occupants` or `Inside`), encoded: the same code
 /// answers a query from this node's handle and one from another node. `None` for other
 /// requests, which the caller answers with its typed paths.

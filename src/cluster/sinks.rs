@@ -25,8 +25,7 @@ use super::node::live_nodes;
 use crate::webhooks::DeadLetter;
 use crate::webhooks::shared::{BoxFuture, SharedSinks, SharedState, Tenure};
 
-/// The key/value bucket of the cluster's webhook sinks.
-pub const SINKS: &str = "geodwell_sinks";
+pub use super::nats::SINKS;
 
 /// How long the list of live nodes is reused between reads.
 const NODES_FRESH: Duration = Duration::from_secs(1);

@@ -7,21 +7,7 @@ use std::path::{Path, PathBuf};
 use geodwell_core::time::Dur;
 
 use super::values::{Builder, SCHEMA, Setting, Val, env_var, file_key};
-use super::{Config, ConfigError, ConfigIssue, DEFAULT_TOML};
-
-/// Where a configuration comes from, besides the embedded defaults.
-#[derive(Debug, Clone, Default)]
-pub struct Sources<'a> {
-    /// The configuration file: its name (for messages), its text, and the directory its relative
-    /// paths resolve against (`None`: the working directory).
-    pub file: Option<(&'a str, &'a str, Option<&'a Path>)>,
-    /// `GEODWELL_*` environment variables (see [`Config::env_overrides`]).
-    pub env: BTreeMap<String, String>,
-    /// Command-line overrides by key (e.g. `listen`), with the flag that set them.
-    pub cli: Vec<(&'static str, &'static str, String)>,
-    /// CPU cores, which `shards = 0` resolves to.
-    pub cores: usize,
-}
+use super::{Config, ConfigError, ConfigIssue, DEFAULT_TOML, Sources};
 
 impl Config {
     /// The engine's rules for delayed data: `time.max_delay`, and `time.delay_hold` but never
@@ -34,6 +20,27 @@ impl Config {
             self.delay_hold
         };
         (self.max_delay, hold)
+    }
+
+    /// Each partition engine's configuration, of `partitions`: each its share of
+    /// `max_devices` (deterministic: the same input gives the same refusals whatever else the
+    /// other partitions hold, at the price of refusing a little early when devices spread
+    /// unevenly); `track_dirty` where checkpoints are written.
+    pub fn engine_config(
+        &self,
+        partitions: usize,
+        track_dirty: bool,
+    ) -> geodwell_core::engine::EngineConfig {
+        let (max_delay, delay_hold) = self.delay_rules();
+        geodwell_core::engine::EngineConfig {
+            tick: self.tick,
+            max_fires_per_advance: self.max_fires_per_tick,
+            max_buffered_per_device: self.max_buffered_per_device,
+            max_devices: self.max_devices.div_ceil(partitions.max(1)),
+            track_dirty,
+            max_delay,
+            delay_hold,
+        }
     }
 
     /// The embedded defaults (with `cores` shards when `shards = 0`).

@@ -4,6 +4,10 @@
 //! - `values.rs`: the schema and the typed reading of each value.
 //! - `webhooks.rs`: the `[[webhooks]]` array, validated by the sink definitions' own validator.
 //!
+//! This file holds the types: what the loader takes ([`Sources`]) and builds ([`Config`],
+//! [`ConfigError`]). The submodules build them and this file uses nothing of theirs, so each of
+//! them depends on it and none the other way round.
+//!
 //! Invariants of a [`Config`]: every value is in range; `shards` is resolved (never 0);
 //! relative paths that came from a configuration file are resolved against that file's
 //! directory (paths from the environment, the command line or the embedded defaults are relative
@@ -20,11 +24,10 @@ mod tests;
 mod values;
 mod webhooks;
 
-pub use load::Sources;
-
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
@@ -53,6 +56,20 @@ pub enum FencePreload {
 }
 
 pub use crate::clock::ClockMode;
+
+/// Where a configuration comes from, besides the embedded defaults.
+#[derive(Debug, Clone, Default)]
+pub struct Sources<'a> {
+    /// The configuration file: its name (for messages), its text, and the directory its relative
+    /// paths resolve against (`None`: the working directory).
+    pub file: Option<(&'a str, &'a str, Option<&'a Path>)>,
+    /// `GEODWELL_*` environment variables (see [`Config::env_overrides`]).
+    pub env: BTreeMap<String, String>,
+    /// Command-line overrides by key (e.g. `listen`), with the flag that set them.
+    pub cli: Vec<(&'static str, &'static str, String)>,
+    /// CPU cores, which `shards = 0` resolves to.
+    pub cores: usize,
+}
 
 /// A validated configuration.
 #[derive(Debug, Clone, PartialEq)]

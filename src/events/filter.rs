@@ -5,7 +5,7 @@
 //! shell, matched in linear time: [`geodwell_core::glob`]), and its device is the one asked for (or none is). Polls and subscriptions may also
 //! bound the event time `at`: `since` inclusive, `until` exclusive.
 
-use crate::events::CompactEvent;
+use crate::events::compact::CompactEvent;
 use geodwell_core::event::EventKind;
 use geodwell_core::glob::Glob;
 use geodwell_core::time::Ts;

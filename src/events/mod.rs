@@ -8,8 +8,10 @@
 pub mod compact;
 pub mod cursor;
 pub mod filter;
+pub mod health;
 pub mod log;
 pub mod publisher;
+pub mod step;
 
 pub use compact::{CompactError, CompactEvent, Interner};
 pub use cursor::{Chunk, LogCursor};

@@ -12,8 +12,11 @@
 //!   effects: a warm start replays the record from the latest checkpoint;
 //! - events produced by ticks (DWELL, vote expiry) are committed before anyone sees them;
 //! - `seq` is gap-free on disk and in memory, because only this task assigns it and a failed
-//!   commit publishes nothing: the failed batch stays pending (with its seqs) and is retried, merged
-//!   with later work, until it commits; its waiters get an error (503) in the meantime.
+//!   commit publishes nothing: its waiters get an error (503), what it held is dropped (its
+//!   seqs are assigned again), and the store's health ([`StoreHealth`]) takes over: the
+//!   partitions whose steps it held rebuild from the durable log, ingest refuses input until
+//!   they have, and the store is probed every second. A refused request is never applied to
+//!   what is committed or published.
 //!
 //! Without a store (`durability = "none"`) the same path stamps and publishes at once.
 
@@ -25,67 +28,23 @@ use metrics::{counter, histogram};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use super::health::{StoreHealth, StoreState};
 use crate::clock::WallClock;
 use crate::durable::InputLog;
 use crate::events::{CompactEvent, EventLog, LoggedEvent};
 use crate::store::{Batch, Flush};
 use crate::telemetry as t;
-use geodwell_core::engine::{IngestError, Ingested};
 use geodwell_core::event::Event;
 use geodwell_core::time::Ts;
 
-/// Why a step's reply is an error.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PublishError {
-    /// The store could not commit; the data is kept and retried.
-    #[error("the state store cannot commit: {0}")]
-    Store(String),
-    /// The publisher is gone (shutdown).
-    #[error("the service is shutting down")]
-    Closed,
-}
-
-/// The outcome of one fix, by its index in the request.
-pub type FixOutcome = (usize, Result<Ingested, IngestError>);
-
-/// What a waiting HTTP request gets back.
-pub type StepReply = Result<Vec<FixOutcome>, PublishError>;
-
-/// A shard's input record for one step: (shard, seq, encoded record; `store::input`).
-pub type InputRecord = (u16, u64, Vec<u8>);
-
-/// One shard step's output.
-#[derive(Debug, Default)]
-pub struct Step {
-    /// Events produced, in order.
-    pub events: Vec<Event>,
-    /// The shard's input record for the step (none for a step that only advanced time).
-    pub input: Option<InputRecord>,
-    /// Fence changes made by the registry: (change number, encoded change).
-    pub fence_changes: Vec<(u64, Vec<u8>)>,
-    /// Log records a checkpoint now covers, to delete: per shard the last `seq`, and the last
-    /// fence change.
-    pub truncate: Option<(Vec<(u16, u64)>, u64)>,
-    /// The shard's watermark after the step.
-    pub watermark: Option<Ts>,
-    /// Who waits for this step to be durable, and what to tell them.
-    pub reply: Option<(oneshot::Sender<StepReply>, Vec<FixOutcome>)>,
-    /// Fence writes wait too.
-    pub ack: Option<oneshot::Sender<Result<(), PublishError>>>,
-    /// Per event, in order: when what caused it happened, for the ingest-to-event latency (the
-    /// arrival of the fix that decided it, or the moment the watermark passed its time).
-    pub causes: Vec<Instant>,
-    /// The request this step is a part of: (request id, number of parts).
-    pub request: Option<(u64, u32)>,
-    /// The largest fix `ts` in this step (the persisted event-mode watermark source).
-    pub max_ts: Option<Ts>,
-}
+pub use super::step::{FixOutcome, InputRecord, PublishError, Step, StepReply};
 
 /// Sends steps to the publisher task.
 #[derive(Debug, Clone)]
 pub struct Publisher {
     tx: mpsc::Sender<Step>,
     durable: Arc<Durable>,
+    health: Arc<StoreHealth>,
 }
 
 impl Publisher {
@@ -97,6 +56,11 @@ impl Publisher {
     /// What the store holds so far.
     pub fn durable(&self) -> &Arc<Durable> {
         &self.durable
+    }
+
+    /// Whether the store takes commits.
+    pub fn health(&self) -> &Arc<StoreHealth> {
+        &self.health
     }
 }
 
@@ -134,9 +98,20 @@ impl Durable {
         self.next_seq.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Waits until every shard `k` has `seqs[k]` committed (or `stop` is cancelled; false then).
-    pub async fn wait_for(&self, seqs: &[u64], stop: &CancellationToken) -> bool {
+    /// Waits until every shard `k` has `seqs[k]` committed (false when `stop` is cancelled, or
+    /// a commit fails meanwhile: the partitions it held are rebuilt, and positions they had
+    /// reached in memory are numbered again).
+    pub async fn wait_for(
+        &self,
+        seqs: &[u64],
+        health: &StoreHealth,
+        stop: &CancellationToken,
+    ) -> bool {
+        let failures = health.failures();
         loop {
+            if health.failures() != failures {
+                return false;
+            }
             let notified = self.changed.notified();
             if seqs
                 .iter()
@@ -201,8 +176,30 @@ pub fn spawn(
 ) -> (Publisher, tokio::task::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel(cfg.queue.max(1));
     let durable = Arc::new(Durable::new(&cfg.committed, log.next_seq()));
-    let handle = tokio::spawn(run(cfg, rx, log, wall, durable.clone()));
-    (Publisher { tx, durable }, handle)
+    let health = Arc::new(StoreHealth::default());
+    let run = Run {
+        next_seq: log.next_seq(),
+        p: Uncommitted {
+            max_seen: cfg.restored_max_seen,
+            ..Uncommitted::default()
+        },
+        committed_max_seen: cfg.restored_max_seen,
+        last_commit: Instant::now(),
+        cfg,
+        log,
+        wall,
+        durable: durable.clone(),
+        health: health.clone(),
+    };
+    let handle = tokio::spawn(run.run(rx));
+    (
+        Publisher {
+            tx,
+            durable,
+            health,
+        },
+        handle,
+    )
 }
 
 /// What has been stamped but not yet committed and published.
@@ -214,10 +211,12 @@ struct Uncommitted {
     acks: Vec<oneshot::Sender<Result<(), PublishError>>>,
     causes: Vec<Instant>,
     watermark: Option<Ts>,
-    /// Largest fix ts among committed and pending steps (never reset: it only grows).
+    /// Largest fix ts among committed and pending steps.
     max_seen: Option<i64>,
     /// Per shard, the last input seq in this batch.
     inputs_upto: Vec<(u16, u64)>,
+    /// The partitions whose steps it holds.
+    partitions: std::collections::BTreeSet<u16>,
 }
 
 impl Uncommitted {
@@ -230,194 +229,228 @@ impl Uncommitted {
             && self.batch.truncate_inputs.is_empty()
             && self.watermark.is_none()
     }
+
+    /// Answers every waiter with `err`.
+    fn refuse(&mut self, err: &PublishError) {
+        for (tx, _) in self.replies.drain(..) {
+            let _ = tx.send(Err(err.clone()));
+        }
+        for tx in self.acks.drain(..) {
+            let _ = tx.send(Err(err.clone()));
+        }
+    }
 }
 
-async fn run(
+/// The publisher task's state.
+struct Run {
     cfg: PublisherCfg,
-    mut rx: mpsc::Receiver<Step>,
     log: Arc<EventLog>,
     wall: WallClock,
     durable: Arc<Durable>,
-) {
-    let mut next_seq = log.next_seq();
-    let mut p = Uncommitted {
-        max_seen: cfg.restored_max_seen,
-        ..Uncommitted::default()
-    };
-    let mut last_commit = Instant::now();
-    let mut failing = false;
-    loop {
-        // Wait for work; while a commit is failing, retry every second even without new work.
-        // In async mode, wake at the commit interval.
-        let wait = if failing {
+    health: Arc<StoreHealth>,
+    /// The `seq` the next event gets.
+    next_seq: u64,
+    p: Uncommitted,
+    /// The largest fix time committed.
+    committed_max_seen: Option<i64>,
+    last_commit: Instant,
+}
+
+impl Run {
+    async fn run(mut self, mut rx: mpsc::Receiver<Step>) {
+        loop {
+            let first = match self.wait(&mut rx).await {
+                Wait::Step(s) => Some(*s),
+                Wait::Timer => None,
+                Wait::End => return self.finish().await,
+            };
+            let steps = gather(first, &mut rx).await;
+            for s in steps {
+                self.take(s);
+            }
+            self.settle();
+        }
+    }
+
+    /// Waits for work; while the store fails, probes it every second even without work. In
+    /// async mode, wakes at the commit interval.
+    async fn wait(&self, rx: &mut mpsc::Receiver<Step>) -> Wait {
+        let wait = if self.health.state() == StoreState::Failing {
             Some(Duration::from_secs(1))
-        } else if let (Some(_), CommitPolicy::Interval(every)) = (&cfg.store, cfg.policy)
-            && !p.is_empty()
+        } else if let (Some(_), CommitPolicy::Interval(every)) = (&self.cfg.store, self.cfg.policy)
+            && !self.p.is_empty()
         {
-            Some(every.saturating_sub(last_commit.elapsed()))
+            Some(every.saturating_sub(self.last_commit.elapsed()))
         } else {
             None
         };
-        let first = match wait {
-            Some(d) => match tokio::time::timeout(d, next(&mut rx, &cfg.stop)).await {
-                Ok(Some(s)) => Some(s),
-                Ok(None) => return finish(&cfg, &log, &mut p, next_seq, &durable).await,
-                Err(_) => None, // timer: retry or async commit
+        let next = next(rx, &self.cfg.stop);
+        match wait {
+            Some(d) => match tokio::time::timeout(d, next).await {
+                Ok(Some(s)) => Wait::Step(Box::new(s)),
+                Ok(None) => Wait::End,
+                Err(_) => Wait::Timer,
             },
-            None => match next(&mut rx, &cfg.stop).await {
-                Some(s) => Some(s),
-                None => return finish(&cfg, &log, &mut p, next_seq, &durable).await,
-            },
+            None => next.await.map_or(Wait::End, |s| Wait::Step(Box::new(s))),
+        }
+    }
+
+    /// Takes one step: stamps its events and adds it to what the next commit holds; refuses it
+    /// while the store fails (or its partition has yet to rebuild).
+    fn take(&mut self, s: Step) {
+        if s.rebuilt
+            && let Some(k) = s.partition
+        {
+            self.health.rebuilt(k);
+        }
+        let refused = match (self.health.state(), s.partition) {
+            (StoreState::Failing, _) => true,
+            (StoreState::Recovering, Some(k)) => self.health.is_marked(k),
+            _ => false,
         };
-        let mut steps: Vec<Step> = first.into_iter().collect();
-        while steps.len() < 4096 {
-            match rx.try_recv() {
-                Ok(s) => steps.push(s),
-                Err(_) => break,
-            }
+        if refused {
+            return self.refuse(s);
         }
-        // All shard parts of one request commit together: a crash then keeps a whole request or
-        // none of it, and its re-sent copy meets the same state everywhere. The missing parts are
-        // already being processed by their shards, so waiting for them is short.
-        let mut open: HashMap<u64, u32> = HashMap::new();
-        let note = |open: &mut HashMap<u64, u32>, s: &Step| {
-            if let Some((id, parts)) = s.request {
-                let seen = open.entry(id).or_insert(0);
-                *seen += 1;
-                if *seen >= parts {
-                    open.remove(&id);
+        if let Some(k) = s.partition {
+            self.p.partitions.insert(k);
+        }
+        if let Some(t) = s.max_ts {
+            self.p.max_seen = Some(self.p.max_seen.map_or(t.0, |m| m.max(t.0)));
+        }
+        self.stamp(s.events);
+        let p = &mut self.p;
+        if let Some((shard, seq, rec)) = s.input {
+            p.inputs_upto.push((shard, seq));
+            p.batch.inputs.push((shard, seq, rec));
+        }
+        p.batch.fence_changes.extend(s.fence_changes);
+        if let Some((shards, fences)) = s.truncate {
+            p.batch.truncate_inputs.extend(shards);
+            p.batch.truncate_fence_changes = Some(
+                p.batch
+                    .truncate_fence_changes
+                    .map_or(fences, |f| f.max(fences)),
+            );
+        }
+        if let Some(w) = s.watermark {
+            p.watermark = Some(p.watermark.map_or(w, |c| c.max(w)));
+        }
+        p.replies.extend(s.reply);
+        p.acks.extend(s.ack);
+        p.causes.extend(s.causes);
+    }
+
+    /// A step the store cannot take now: its waiters get a 503, its partition rebuilds.
+    fn refuse(&self, s: Step) {
+        if let Some(k) = s.partition {
+            self.health.mark(k);
+        }
+        let err = PublishError::Store(self.health.reason());
+        if let Some((tx, _)) = s.reply {
+            let _ = tx.send(Err(err.clone()));
+        }
+        if let Some(tx) = s.ack {
+            let _ = tx.send(Err(err));
+        }
+    }
+
+    /// Stamps `seq` on events and renders them once.
+    fn stamp(&mut self, events: Vec<Event>) {
+        let now = self.wall.now();
+        for mut e in events {
+            e.seq = self.next_seq;
+            e.emitted_at = Some(now);
+            let compact = match CompactEvent::from_event(&e) {
+                Ok(c) => c,
+                Err(err) => {
+                    // Unreachable for events the engine builds; dropped before it takes a
+                    // seq, so the log and the store stay gap-free.
+                    tracing::error!(error = %err, "event not published");
+                    continue;
                 }
-            }
-        };
-        for s in &steps {
-            note(&mut open, s);
+            };
+            self.next_seq += 1;
+            // Rendered once here: the store keeps this text and the log keeps it for the
+            // live readers (equal to what rendering the compact form gives).
+            let json: Arc<str> = serde_json::to_string(&e)
+                .unwrap_or_else(|_| "{}".to_string())
+                .into();
+            self.p.batch.events.push((e.seq, json.clone()));
+            self.p
+                .events
+                .push(LoggedEvent::new(e.seq, compact, Some(json)));
         }
-        while !open.is_empty() {
-            match tokio::time::timeout(Duration::from_secs(2), rx.recv()).await {
-                Ok(Some(s)) => {
-                    note(&mut open, &s);
-                    steps.push(s);
-                }
-                _ => break,
+    }
+
+    /// Commits what is pending when due (or probes a failing store); in async mode answers at
+    /// once and commits at the interval.
+    fn settle(&mut self) {
+        self.durable
+            .next_seq
+            .store(self.next_seq, std::sync::atomic::Ordering::Release);
+        if self.health.state() == StoreState::Failing {
+            if self.commit() {
+                tracing::info!("a probe commit succeeded; rebuilding the partitions it failed for");
+                self.health.probe_committed();
             }
+            return;
         }
-        let now = wall.now();
-        for s in steps {
-            if let Some(t) = s.max_ts {
-                p.max_seen = Some(p.max_seen.map_or(t.0, |m| m.max(t.0)));
-            }
-            for mut e in s.events {
-                e.seq = next_seq;
-                e.emitted_at = Some(now);
-                let compact = match CompactEvent::from_event(&e) {
-                    Ok(c) => c,
-                    Err(err) => {
-                        // Unreachable for events the engine builds; dropped before it takes a
-                        // seq, so the log and the store stay gap-free.
-                        tracing::error!(error = %err, "event not published");
-                        continue;
-                    }
-                };
-                next_seq += 1;
-                // Rendered once here: the store keeps this text and the log keeps it for the
-                // live readers (equal to what rendering the compact form gives).
-                let json: Arc<str> = serde_json::to_string(&e)
-                    .unwrap_or_else(|_| "{}".to_string())
-                    .into();
-                p.batch.events.push((e.seq, json.clone()));
-                p.events.push(LoggedEvent::new(e.seq, compact, Some(json)));
-            }
-            if let Some((shard, seq, rec)) = s.input {
-                p.inputs_upto.push((shard, seq));
-                p.batch.inputs.push((shard, seq, rec));
-            }
-            p.batch.fence_changes.extend(s.fence_changes);
-            if let Some((shards, fences)) = s.truncate {
-                p.batch.truncate_inputs.extend(shards);
-                p.batch.truncate_fence_changes = Some(
-                    p.batch
-                        .truncate_fence_changes
-                        .map_or(fences, |f| f.max(fences)),
-                );
-            }
-            if let Some(w) = s.watermark {
-                p.watermark = Some(p.watermark.map_or(w, |c| c.max(w)));
-            }
-            p.replies.extend(s.reply);
-            p.acks.extend(s.ack);
-            p.causes.extend(s.causes);
-        }
-        let due = match (&cfg.store, cfg.policy) {
-            (Some(_), CommitPolicy::Interval(every)) => last_commit.elapsed() >= every,
+        let due = match (&self.cfg.store, self.cfg.policy) {
+            (Some(_), CommitPolicy::Interval(every)) => self.last_commit.elapsed() >= every,
             _ => true,
         };
-        durable
-            .next_seq
-            .store(next_seq, std::sync::atomic::Ordering::Release);
-        if due || failing {
-            failing = !commit(&cfg, &log, &mut p, &mut last_commit, next_seq, &durable);
+        if due {
+            self.commit();
         } else {
             // async: answer now, publish and persist at the next interval.
-            for (tx, outcomes) in p.replies.drain(..) {
+            for (tx, outcomes) in self.p.replies.drain(..) {
                 let _ = tx.send(Ok(outcomes));
             }
-            for tx in p.acks.drain(..) {
+            for tx in self.p.acks.drain(..) {
                 let _ = tx.send(Ok(()));
             }
         }
     }
-}
 
-/// The next step; once `stop` is cancelled the queue is closed, so what is queued is still
-/// returned and then `None`.
-async fn next(rx: &mut mpsc::Receiver<Step>, stop: &CancellationToken) -> Option<Step> {
-    tokio::select! {
-        biased;
-        s = rx.recv() => s,
-        _ = stop.cancelled() => {
-            rx.close();
-            rx.recv().await
+    /// Every sender is gone, or the publisher was stopped: a last commit (retried a few times)
+    /// before the task ends.
+    async fn finish(mut self) {
+        for _ in 0..3 {
+            if self.p.is_empty() || self.commit() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        tracing::error!(
+            "final state commit failed; the last steps since the previous commit are lost"
+        );
     }
-}
 
-/// Every sender is gone, or the publisher was stopped: a last commit (retried a few times) before the task ends.
-async fn finish(
-    cfg: &PublisherCfg,
-    log: &EventLog,
-    p: &mut Uncommitted,
-    next_seq: u64,
-    durable: &Durable,
-) {
-    let mut last = Instant::now();
-    for _ in 0..3 {
-        if p.is_empty() || commit(cfg, log, p, &mut last, next_seq, durable) {
-            return;
+    /// Commits what is pending (with a store) and publishes it; false when the commit failed
+    /// (what it held is dropped: see [`StoreHealth`]).
+    fn commit(&mut self) -> bool {
+        if let Some(store) = self.cfg.store.clone()
+            && let Err(e) = self.write(&*store)
+        {
+            self.failed(&e);
+            return false;
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        self.committed_max_seen = self.p.max_seen;
+        self.publish();
+        true
     }
-    tracing::error!("final state commit failed; the last steps since the previous commit are lost");
-}
 
-/// Commits `p` (if there is a store) and publishes it; returns false when the commit failed (the
-/// data stays in `p` for the retry).
-fn commit(
-    cfg: &PublisherCfg,
-    log: &EventLog,
-    p: &mut Uncommitted,
-    last_commit: &mut Instant,
-    next_seq: u64,
-    durable: &Durable,
-) -> bool {
-    if let Some(store) = &cfg.store {
+    /// Writes what is pending to the store.
+    fn write(&mut self, store: &dyn InputLog) -> Result<(), crate::store::StoreError> {
+        let p = &mut self.p;
         p.batch.watermark = p.watermark.map(|w| w.0);
         // The event-mode watermark is persisted from the fixes this commit holds, not from the
         // live counter, which may already include requests that are not committed yet.
         p.batch.max_seen = p.max_seen;
-        p.batch.next_seq = Some(next_seq);
+        p.batch.next_seq = Some(self.next_seq);
         // Store retention follows the in-memory log, which drops events by count and by age.
-        let by_count = next_seq.saturating_sub(cfg.log_capacity as u64);
-        let by_age = log.read(0, 0).first_seq;
+        let by_count = self.next_seq.saturating_sub(self.cfg.log_capacity as u64);
+        let by_age = self.log.read(0, 0).first_seq;
         p.batch.trim_events_below = Some(by_count.max(by_age)).filter(|&t| t > 0);
         let started = Instant::now();
         // Both policies commit with fsync: `Interval` only changes *when* (answering before
@@ -432,47 +465,123 @@ fn commit(
             store.append(&p.batch, Flush::Fsync)
         };
         histogram!(t::STORE_COMMIT_SECONDS).record(started.elapsed().as_secs_f64());
-        *last_commit = Instant::now();
-        if let Err(e) = res {
-            counter!(t::STORE_COMMIT_FAILURES).increment(1);
-            tracing::error!(error = %e, "state store commit failed; keeping the data and retrying");
-            let err = PublishError::Store(e.to_string());
-            for (tx, _) in p.replies.drain(..) {
-                let _ = tx.send(Err(err.clone()));
-            }
-            for tx in p.acks.drain(..) {
-                let _ = tx.send(Err(err.clone()));
-            }
-            return false;
-        }
+        self.last_commit = Instant::now();
+        res?;
         counter!(t::STORE_COMMITS).increment(1);
         let bytes: usize = p.batch.inputs.iter().map(|(_, _, r)| r.len()).sum();
         counter!(t::STORE_LOG_APPENDED_BYTES).increment(bytes as u64);
+        Ok(())
     }
-    // Without a store nothing is durable, but nothing waits for it either (no checkpoints).
-    for (shard, seq) in p.inputs_upto.drain(..) {
-        durable.set(shard, seq);
+
+    /// A commit failed: its waiters get a 503, what it held is dropped and its partitions
+    /// rebuild; the store is probed from now on.
+    fn failed(&mut self, e: &crate::store::StoreError) {
+        counter!(t::STORE_COMMIT_FAILURES).increment(1);
+        if self.health.state() != StoreState::Failing {
+            tracing::error!(error = %e, "state store commit failed; refusing input until it commits again (probed every second)");
+        }
+        self.health.failed(e.to_string());
+        let p = std::mem::take(&mut self.p);
+        let mut p = p;
+        p.refuse(&PublishError::Store(e.to_string()));
+        for k in &p.partitions {
+            self.health.mark(*k);
+        }
+        self.p = Uncommitted {
+            max_seen: self.committed_max_seen,
+            ..Uncommitted::default()
+        };
+        self.next_seq = self.log.next_seq();
+        self.durable
+            .next_seq
+            .store(self.next_seq, std::sync::atomic::Ordering::Release);
     }
-    durable.changed.notify_waiters();
-    for e in &p.events {
-        counter!(t::EVENTS_EMITTED, "type" => e.event.kind().as_str()).increment(1);
+
+    /// Publishes what was committed: the log, the durable positions, the answers.
+    fn publish(&mut self) {
+        let p = &mut self.p;
+        // Without a store nothing is durable, but nothing waits for it either (no checkpoints).
+        for (shard, seq) in p.inputs_upto.drain(..) {
+            self.durable.set(shard, seq);
+        }
+        self.durable.changed.notify_waiters();
+        for e in &p.events {
+            counter!(t::EVENTS_EMITTED, "type" => e.event.kind().as_str()).increment(1);
+        }
+        if let Err(e) = self.log.append_stamped(std::mem::take(&mut p.events)) {
+            // Unreachable: this task is the log's only writer and stamps seqs from its next_seq.
+            tracing::error!(error = %e, "events committed but not published to the log");
+        }
+        let now = Instant::now();
+        for c in p.causes.drain(..) {
+            histogram!(t::INGEST_TO_EVENT_SECONDS)
+                .record(now.saturating_duration_since(c).as_secs_f64());
+        }
+        for (tx, outcomes) in p.replies.drain(..) {
+            let _ = tx.send(Ok(outcomes));
+        }
+        for tx in p.acks.drain(..) {
+            let _ = tx.send(Ok(()));
+        }
+        p.batch = Batch::default();
+        p.watermark = None;
+        p.partitions.clear();
     }
-    if let Err(e) = log.append_stamped(std::mem::take(&mut p.events)) {
-        // Unreachable: this task is the log's only writer and stamps seqs from its next_seq.
-        tracing::error!(error = %e, "events committed but not published to the log");
+}
+
+/// What waiting for work gave.
+enum Wait {
+    Step(Box<Step>),
+    Timer,
+    End,
+}
+
+/// Drains what is queued after `first`. All parts of one request commit together: a crash then
+/// keeps a whole request or none of it, and its re-sent copy meets the same state everywhere.
+/// The missing parts are already being processed by their partitions, so waiting for them is
+/// short.
+async fn gather(first: Option<Step>, rx: &mut mpsc::Receiver<Step>) -> Vec<Step> {
+    let mut steps: Vec<Step> = first.into_iter().collect();
+    while steps.len() < 4096 {
+        match rx.try_recv() {
+            Ok(s) => steps.push(s),
+            Err(_) => break,
+        }
     }
-    let now = Instant::now();
-    for c in p.causes.drain(..) {
-        histogram!(t::INGEST_TO_EVENT_SECONDS)
-            .record(now.saturating_duration_since(c).as_secs_f64());
+    let mut open: HashMap<u64, u32> = HashMap::new();
+    let note = |open: &mut HashMap<u64, u32>, s: &Step| {
+        if let Some((id, parts)) = s.request {
+            let seen = open.entry(id).or_insert(0);
+            *seen += 1;
+            if *seen >= parts {
+                open.remove(&id);
+            }
+        }
+    };
+    for s in &steps {
+        note(&mut open, s);
     }
-    for (tx, outcomes) in p.replies.drain(..) {
-        let _ = tx.send(Ok(outcomes));
+    while !open.is_empty() {
+        match tokio::time::timeout(Duration::from_secs(2), rx.recv()).await {
+            Ok(Some(s)) => {
+                note(&mut open, &s);
+                steps.push(s);
+            }
+            _ => break,
+        }
     }
-    for tx in p.acks.drain(..) {
-        let _ = tx.send(Ok(()));
+    steps
+}
+
+/// The next step; once `stop` is cancelled the queue is closed, so what is queued is still
+/// returned and then `None`.
+async fn next(rx: &mut mpsc::Receiver<Step>, stop: &CancellationToken) -> Option<Step> {
+    tokio::select! {
+        biased;
+        s = rx.recv() => s,
+        _ = stop.cancelled() => {
+            rx.close();
+            rx.recv().await
+        }
     }
-    p.batch = Batch::default();
-    p.watermark = None;
-    true
 }

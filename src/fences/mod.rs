@@ -1,117 +1,32 @@
-//! The fence registry: the one place fences are written, and the API's read copy of them.
+//! The fence registry: the one place fences are validated and written, and the API's read copy
+//! of them ([`FenceMap`]).
 //!
-//! A write (put or delete) runs the whole protocol, in this order, under one lock: validate
-//! (against the configured limits), number the change and persist it in the input log (through
-//! the publisher, like every other input, so a 2xx means the change is durable), update the read
-//! copy, and send the change, with its number, to every shard, which logs where it applied it.
+//! A write goes through a [`FenceWriter`], the seam with one implementation per deployment:
+//! - one process (`local.rs`): under one lock, the check against the fences, the change
+//!   numbered and persisted in the input log (through the publisher, so a 2xx means it is
+//!   durable), the read copy updated, and the change sent, with its number, to every partition,
+//!   which logs a fence marker where it applied it;
+//! - a cluster node (`crate::cluster::fences`): a change is a message on one stream, checked by
+//!   compare-and-set against the fences it follows, and a marker in every partition's input
+//!   says where each partition applies it; the read copy is kept by the node's follower of that
+//!   stream.
 //!
-//! Invariants: writes are serialized, so every shard receives fence changes in the same order
-//! and all shards hold the same fences; the read copy equals what the shards hold once a write
-//! has returned; a write that fails to persist changes nothing. A checkpoint round starts under
-//! the same lock ([`FenceRegistry::checkpoint`]), so every shard freezes with the same fences.
-//!
-//! In a cluster the same methods write to the cluster's fence log instead
-//! (`crate::cluster::fences`): a change is a message on one stream, and a marker in every
-//! partition's input says where each partition applies it; the read copy ([`FenceMap`]) is kept
-//! by the node's follower of that stream.
+//! Invariants: writes are serialized, so every partition receives fence changes in the same
+//! order and all hold the same fences; the read copy equals what the partitions hold once a
+//! write has returned; a write that fails to persist changes nothing.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use thiserror::Error;
-use tokio::sync::oneshot;
-
-use crate::events::publisher::{PublishError, Publisher, Step};
-use crate::shard::Shards;
-use crate::store::input::{FenceChange, encode_fence_change};
 use geodwell_core::fences::{Fence, FenceErrors, FenceLimits, Rect, parse_fences};
 use geodwell_core::time::Ts;
 
+mod local;
 mod map;
+mod writer;
 
+pub use local::LocalFences;
 pub use map::{FenceMap, Stored};
-
-/// Why a fence write was refused or failed.
-#[derive(Debug, Error)]
-pub enum FenceWriteError {
-    /// The GeoJSON is not a valid fence (every problem listed).
-    #[error("{0}")]
-    Invalid(FenceErrors),
-    /// A FeatureCollection without features.
-    #[error("the FeatureCollection holds no features")]
-    Empty,
-    /// The write would hold more fences than allowed.
-    #[error("{would} fences would exceed the limit of {max}")]
-    TooMany {
-        /// Fences after the write.
-        would: usize,
-        /// The limit.
-        max: usize,
-    },
-    /// No fence with this id.
-    #[error("no fence with id {0:?}")]
-    NotFound(String),
-    /// The store cannot commit; nothing changed.
-    #[error("the state store cannot commit: {0}")]
-    Store(String),
-    /// The service is shutting down.
-    #[error("the service is shutting down")]
-    ShuttingDown,
-    /// A cluster node's write met another node's write first (retried internally; seen by
-    /// callers only when seeding).
-    #[error("another fence write came first")]
-    Conflict,
-}
-
-/// What a put did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Written {
-    /// Fences that did not exist before.
-    pub created: usize,
-    /// Fences that replaced one with the same id.
-    pub replaced: usize,
-}
-
-/// What the write lock guards besides the order of writes.
-#[derive(Debug, Default)]
-struct Changes {
-    /// The number the next fence change gets.
-    next: u64,
-    /// Fences changed since the last checkpoint, with the number of their latest change.
-    since_checkpoint: BTreeMap<String, u64>,
-}
-
-/// Where fence writes go.
-#[derive(Debug)]
-enum Backend {
-    /// One process: numbered, persisted through the publisher, sent to every shard.
-    Local {
-        write: tokio::sync::Mutex<Changes>,
-        publisher: Publisher,
-        shards: Shards,
-    },
-    /// A cluster node: the cluster's fence log.
-    Cluster(Arc<dyn SharedFences>),
-}
-
-/// A fence check run against the fences a write follows: what the write will report, or why it
-/// is refused.
-pub type FenceCheck<'a> =
-    Box<dyn Fn(&FenceMap) -> Result<Written, FenceWriteError> + Send + Sync + 'a>;
-
-/// A fence log shared by the nodes of a cluster (implemented by `crate::cluster::fences`): the
-/// seam a cluster node's registry writes through. Its follower keeps the registry's
-/// [`FenceMap`].
-pub trait SharedFences: Send + Sync + std::fmt::Debug {
-    /// Writes `changes` as one change, all or nothing, once `check` passed against the fences
-    /// as of the position the change follows; returns `check`'s answer once the change is
-    /// durable, reaches every partition's input, and is in the read copy.
-    fn write<'a>(
-        &'a self,
-        changes: Vec<FenceChange>,
-        check: FenceCheck<'a>,
-    ) -> std::pin::Pin<Box<dyn Future<Output = Result<Written, FenceWriteError>> + Send + 'a>>;
-}
+pub use writer::{FenceCheck, FenceWrite, FenceWriteError, FenceWriter, Written};
 
 /// The fences of the service.
 #[derive(Debug)]
@@ -119,49 +34,22 @@ pub struct FenceRegistry {
     map: Arc<FenceMap>,
     limits: FenceLimits,
     max_fences: usize,
-    backend: Backend,
+    writer: Arc<dyn FenceWriter>,
 }
 
 impl FenceRegistry {
-    /// A registry holding `fences` (which the shards already hold), writing through `publisher`
-    /// and to `shards`; its next change is number `next_change`, and `since_checkpoint` are the
-    /// fences changed (with their latest change number) since the latest checkpoint.
+    /// A registry whose read copy is `map` (kept by `writer`) and whose writes go to `writer`.
     pub fn new(
-        fences: &[Arc<Fence>],
-        limits: FenceLimits,
-        max_fences: usize,
-        publisher: Publisher,
-        shards: Shards,
-        next_change: u64,
-        since_checkpoint: Vec<(String, u64)>,
-    ) -> FenceRegistry {
-        FenceRegistry {
-            map: Arc::new(FenceMap::new(fences)),
-            limits,
-            max_fences,
-            backend: Backend::Local {
-                write: tokio::sync::Mutex::new(Changes {
-                    next: next_change.max(1),
-                    since_checkpoint: since_checkpoint.into_iter().collect(),
-                }),
-                publisher,
-                shards,
-            },
-        }
-    }
-
-    /// A cluster node's registry: `map` is kept by `log`'s follower, writes go to `log`.
-    pub fn cluster(
         map: Arc<FenceMap>,
         limits: FenceLimits,
         max_fences: usize,
-        log: Arc<dyn SharedFences>,
+        writer: Arc<dyn FenceWriter>,
     ) -> FenceRegistry {
         FenceRegistry {
             map,
             limits,
             max_fences,
-            backend: Backend::Cluster(log),
+            writer,
         }
     }
 
@@ -264,43 +152,8 @@ impl FenceRegistry {
                 replaced: fences.len() - created,
             })
         };
-        let (write, publisher, shards) = match &self.backend {
-            Backend::Cluster(log) => {
-                let changes: Vec<FenceChange> = fences
-                    .iter()
-                    .map(|s| FenceChange::Put(s.json.clone()))
-                    .collect();
-                return log.write(changes, Box::new(check)).await;
-            }
-            Backend::Local {
-                write,
-                publisher,
-                shards,
-            } => (write, publisher, shards),
-        };
-        let mut changes = write.lock().await;
-        let written = check(&self.map)?;
-        let first = changes.next;
-        let step = Step {
-            fence_changes: fences
-                .iter()
-                .zip(first..)
-                .map(|(s, n)| (n, encode(&FenceChange::Put(s.json.clone()))))
-                .collect(),
-            ..Step::default()
-        };
-        persist(publisher, step).await?;
-        changes.next = first + fences.len() as u64;
-        for (s, change) in fences.into_iter().zip(first..) {
-            let f = s.fence.clone();
-            changes.since_checkpoint.insert(f.id.to_string(), change);
-            self.map.insert(s);
-            shards
-                .upsert_fence(f, change)
-                .await
-                .map_err(|_| FenceWriteError::ShuttingDown)?;
-        }
-        Ok(written)
+        let changes = fences.iter().cloned().map(FenceWrite::Put).collect();
+        self.writer.write(changes, Box::new(check)).await
     }
 
     /// Deletes fence `id`: its pairs and their timers are dropped on every shard.
@@ -315,130 +168,13 @@ impl FenceRegistry {
                 Err(FenceWriteError::NotFound(id.to_string()))
             }
         };
-        let (write, publisher, shards) = match &self.backend {
-            Backend::Cluster(log) => {
-                return log
-                    .write(vec![FenceChange::Delete(id.to_string())], Box::new(check))
-                    .await
-                    .map(drop);
-            }
-            Backend::Local {
-                write,
-                publisher,
-                shards,
-            } => (write, publisher, shards),
-        };
-        let mut changes = write.lock().await;
-        check(&self.map)?;
-        let change = changes.next;
-        persist(
-            publisher,
-            Step {
-                fence_changes: vec![(change, encode(&FenceChange::Delete(id.to_string())))],
-                ..Step::default()
-            },
-        )
-        .await?;
-        changes.next = change + 1;
-        changes.since_checkpoint.insert(id.to_string(), change);
-        self.map.remove(id);
-        shards
-            .remove_fence(Arc::from(id), change)
+        self.writer
+            .write(vec![FenceWrite::Delete(id.to_string())], Box::new(check))
             .await
-            .map_err(|_| FenceWriteError::ShuttingDown)?;
-        Ok(())
-    }
-
-    /// The parts of a one-process registry (none in a cluster).
-    fn local(&self) -> Option<(&tokio::sync::Mutex<Changes>, &Publisher, &Shards)> {
-        match &self.backend {
-            Backend::Local {
-                write,
-                publisher,
-                shards,
-            } => Some((write, publisher, shards)),
-            Backend::Cluster(_) => None,
-        }
-    }
-
-    /// Sends fence changes a shard missed to shard `k`: after a crash, a change whose record was
-    /// durable may not have reached every shard's log. `from` is the first change the shard
-    /// lacks. The changes go out as the current fences (a fence changed twice is sent once, as it
-    /// is now), in change order. (One process only.)
-    pub async fn catch_up_shard(&self, k: usize, from: u64) -> Result<(), FenceWriteError> {
-        let Some((write, _, shards)) = self.local() else {
-            return Ok(());
-        };
-        let changes = write.lock().await;
-        let mut missed: Vec<(u64, &String)> = changes
-            .since_checkpoint
-            .iter()
-            .filter(|(_, n)| **n >= from)
-            .map(|(id, n)| (*n, id))
-            .collect();
-        missed.sort();
-        for (change, id) in missed {
-            let current = self.get(id);
-            shards
-                .fence_to(k, current.map(|s| s.fence), id, change)
-                .await
-                .map_err(|_| FenceWriteError::ShuttingDown)?;
-        }
-        Ok(())
-    }
-
-    /// Starts checkpoint `round` (see `crate::checkpoint`): under the write lock, so that no
-    /// fence change is in flight, the writer is sent the fences changed since the last
-    /// checkpoint, then every shard is asked to freeze after what is queued on it.
-    /// With `full`, every device is written (the previous round failed). Returns the last fence
-    /// change the checkpoint covers. (One process only: a cluster checkpoints per partition.)
-    pub async fn checkpoint(
-        &self,
-        round: u64,
-        writer: &crate::checkpoint::Checkpointer,
-        full: bool,
-    ) -> Result<u64, FenceWriteError> {
-        let Some((write, publisher, shards)) = self.local() else {
-            return Err(FenceWriteError::ShuttingDown);
-        };
-        let changes = write.lock().await;
-        let fences = changes
-            .since_checkpoint
-            .keys()
-            .map(|id| (id.clone(), self.get(id).map(|s| s.json.to_string())))
-            .collect();
-        writer
-            .tx
-            .send(crate::checkpoint::CkMsg::Round {
-                round,
-                shards: shards.len(),
-                fences,
-                fence_change: changes.next - 1,
-                event_floor: publisher.durable().next_seq(),
-            })
-            .await
-            .map_err(|_| FenceWriteError::ShuttingDown)?;
-        shards
-            .checkpoint(round, full)
-            .await
-            .map_err(|_| FenceWriteError::ShuttingDown)?;
-        Ok(changes.next - 1)
-    }
-
-    /// A checkpoint covering fence changes up to `fence_change` has committed: those changes
-    /// need not be written again.
-    pub async fn checkpointed(&self, fence_change: u64) {
-        if let Some((write, _, _)) = self.local() {
-            write
-                .lock()
-                .await
-                .since_checkpoint
-                .retain(|_, n| *n > fence_change);
-        }
+            .map(drop)
     }
 }
 
-/// Makes a fence change durable before it is applied or acknowledged.
 /// Holds new fence ids to what every sink can carry
 /// ([`geodwell_core::fix::uncarriable_char`]); fences already stored are not checked again.
 fn check_new_ids(fences: &[Fence], in_collection: bool) -> Result<(), FenceWriteError> {
@@ -463,25 +199,4 @@ fn check_new_ids(fences: &[Fence], in_collection: bool) -> Result<(), FenceWrite
     } else {
         Err(FenceWriteError::Invalid(FenceErrors(errors)))
     }
-}
-
-async fn persist(publisher: &Publisher, mut step: Step) -> Result<(), FenceWriteError> {
-    let (tx, rx) = oneshot::channel();
-    step.ack = Some(tx);
-    publisher
-        .send(step)
-        .await
-        .map_err(|_| FenceWriteError::ShuttingDown)?;
-    match rx.await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(PublishError::Store(msg))) => Err(FenceWriteError::Store(msg)),
-        Ok(Err(PublishError::Closed)) | Err(_) => Err(FenceWriteError::ShuttingDown),
-    }
-}
-
-/// A fence change as the input log holds it.
-fn encode(c: &FenceChange) -> Vec<u8> {
-    let mut out = Vec::new();
-    encode_fence_change(c, &mut out);
-    out
 }

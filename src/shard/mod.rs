@@ -1,31 +1,30 @@
-//! The engine shards of this process and the handle callers reach them through.
+//! The engine partitions of this process, and the handle callers reach any deployment's
+//! partitions through.
 //!
-//! - `task.rs`: one tokio task per shard owning a [`geodwell_core::engine::Engine`].
+//! - `local.rs`: a partition of this process: the runtime's task ([`crate::runtime::run`]) with
+//!   the single-process backend.
 //! - [`Shards`]: the handle. Callers route a validated, stamped batch by device, ask a device's
-//!   state, page through devices, and broadcast fence changes; they never see the channels or
-//!   the messages.
+//!   state, page through devices; they never see channels, subjects or messages. It reaches the
+//!   partitions through [`Partitions`], implemented here by [`LocalShards`] (this process's
+//!   tasks over bounded channels) and by a cluster node (`crate::cluster`).
 //!
 //! Invariants:
-//! - A device always maps to the same shard (`xxh3(device) % shards`, [`shard_of`]).
-//! - [`Shards::send_batch`] sends nothing unless every shard the batch needs has queue room, so
-//!   a refusal never means "partly applied"; batches sent one after another reach every shard in
-//!   that order (pipelining keeps order).
-//! - Fence changes are sent to every shard in the order they are made (the caller serializes
-//!   them, see `crate::fences`), so all shards hold the same fences.
-//!
-//! A cluster node puts another implementation behind the same methods ([`Partitions`]):
-//! partitions owned by the cluster's nodes, reached through NATS JetStream (docs/cluster.md).
+//! - A device always maps to the same partition (`xxh3(device) % partitions`, [`shard_of`]).
+//! - A batch is sent all or nothing: nothing unless every partition it needs has room, so a
+//!   refusal never means "partly applied"; batches sent one after another reach every
+//!   partition in that order (pipelining keeps order).
+//! - Fence changes are sent to every local partition in the order they are made (the caller
+//!   serializes them, see `crate::fences`), so all partitions hold the same fences.
 
 mod cursor;
-mod removal;
-mod task;
+mod local;
 
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use geodwell_core::engine::{DeviceSummary, DeviceView, Occupant};
+use geodwell_core::engine::{DeviceSummary, DeviceView, Engine, Occupant};
 use geodwell_core::fences::Fence;
 use geodwell_core::fix::Fix;
 use geodwell_core::time::Ts;
@@ -34,10 +33,10 @@ use tokio::sync::{mpsc, oneshot};
 pub use crate::events::publisher::{FixOutcome, StepReply};
 
 pub use cursor::{BadCursor, DeviceCursor};
-pub use removal::apply_removal;
-pub use task::{ShardCtx, ShardStart, spawn};
+pub use local::{Rebuild, RebuildError, ShardCtx, ShardStart, Ticket, spawn};
 
-/// A fix bound for a shard, with its index in the request and the watermark it arrived under.
+/// A fix bound for a partition, with its index in the request and the watermark it arrived
+/// under.
 #[derive(Debug, Clone)]
 pub struct StampedFix {
     /// Position in the request.
@@ -48,17 +47,16 @@ pub struct StampedFix {
     pub w: Ts,
 }
 
-/// What a shard task is asked.
-#[derive(Debug)]
+/// What a local partition task is sent.
 enum ShardMsg {
-    /// Apply fixes (in order); answer with one outcome per fix.
+    /// Apply fixes (in order); answer with one outcome per fix once the step is durable.
     Fixes {
         /// The fixes.
         fixes: Vec<StampedFix>,
         /// When the batch arrived (for the ingest-to-event latency).
         arrived: Instant,
-        /// The request this is part of: (request id, number of shard parts). The publisher
-        /// commits all parts of a request together, so a crash keeps all of it or none.
+        /// The request this is part of: (request id, number of parts). The publisher commits
+        /// all parts of a request together, so a crash keeps all of it or none.
         request: (u64, u32),
         /// Where to answer (after the step is durable).
         reply: oneshot::Sender<StepReply>,
@@ -75,33 +73,6 @@ enum ShardMsg {
         /// round failed).
         full: bool,
     },
-    /// A device's state.
-    Device {
-        /// Device id.
-        id: String,
-        /// Where to answer.
-        reply: oneshot::Sender<Option<DeviceView>>,
-    },
-    /// A page of device summaries in slot order.
-    DevicePage {
-        /// First slot.
-        from: u32,
-        /// Page length.
-        limit: usize,
-        /// Where to answer: the page and the slot to resume from.
-        reply: oneshot::Sender<(Vec<DeviceSummary>, Option<u32>)>,
-    },
-    /// A page of the devices inside a fence, in pair slot order.
-    Occupants {
-        /// Fence id.
-        fence: Arc<str>,
-        /// First pair slot.
-        from: u32,
-        /// Page length.
-        limit: usize,
-        /// Where to answer: the page and the slot to resume from.
-        reply: oneshot::Sender<OccupantPage>,
-    },
     /// Advance the engine to watermark `to` (an explicit advance, event mode) and commit
     /// `max_seen` with the step; `ack` answers once the step is durable.
     Advance {
@@ -117,18 +88,27 @@ enum ShardMsg {
     RemoveDevice {
         /// Device id.
         id: String,
-        /// Whether the device existed (answered at once).
+        /// Whether the device existed.
         reply: oneshot::Sender<bool>,
         /// Answered once the removal is durable.
         ack: oneshot::Sender<Result<(), crate::events::publisher::PublishError>>,
     },
-    /// How many devices are inside a fence.
-    Inside {
-        /// Fence id.
-        fence: Arc<str>,
-        /// Where to answer.
-        reply: oneshot::Sender<u64>,
-    },
+    /// A read of the engine (it answers its asker).
+    Query(crate::runtime::Query),
+}
+
+impl fmt::Debug for ShardMsg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ShardMsg::Fixes { .. } => "Fixes",
+            ShardMsg::UpsertFence(..) => "UpsertFence",
+            ShardMsg::RemoveFence(..) => "RemoveFence",
+            ShardMsg::Checkpoint { .. } => "Checkpoint",
+            ShardMsg::Advance { .. } => "Advance",
+            ShardMsg::RemoveDevice { .. } => "RemoveDevice",
+            ShardMsg::Query(_) => "Query",
+        })
+    }
 }
 
 /// Pair slots one occupancy message looks at, at most: bounds the shard's pause (about a
@@ -147,6 +127,9 @@ pub enum SendError {
     Full,
     /// The shards are stopping.
     Closed,
+    /// The state store does not take commits (or partitions are rebuilding after it failed):
+    /// nothing is queued; retry later.
+    Unavailable,
 }
 
 /// The shards are gone (shutdown).
@@ -202,6 +185,7 @@ pub trait Partitions: Send + Sync + fmt::Debug {
     fn send_parts(
         &self,
         parts: Vec<Vec<StampedFix>>,
+        arrived: Instant,
         stamp: &mut dyn FnMut(&mut [Vec<StampedFix>]),
     ) -> Result<Vec<PartReply>, SendError>;
 
@@ -240,32 +224,24 @@ pub trait Partitions: Send + Sync + fmt::Debug {
 /// The answer of one shard to its part of a batch, once that part's step is durable.
 pub type PartReply = oneshot::Receiver<StepReply>;
 
-/// The handle to the engines (cheap to clone): this process's shards, or a cluster's
-/// partitions.
+/// The handle to the partitions (cheap to clone): this process's, or a cluster's.
 #[derive(Debug, Clone)]
 pub struct Shards {
-    senders: Arc<[mpsc::Sender<ShardMsg>]>,
-    remote: Option<Arc<dyn Partitions>>,
+    inner: Arc<dyn Partitions>,
 }
 
 /// Request ids: the publisher groups the parts of one request by it.
 static REQUESTS: AtomicU64 = AtomicU64::new(1);
 
 impl Shards {
-    /// A cluster node's handle: every call goes to `partitions`.
-    pub fn remote(partitions: Arc<dyn Partitions>) -> Shards {
-        Shards {
-            senders: Arc::new([]),
-            remote: Some(partitions),
-        }
+    /// The handle to `partitions`.
+    pub fn new(partitions: Arc<dyn Partitions>) -> Shards {
+        Shards { inner: partitions }
     }
 
-    /// How many shards (or partitions) there are.
+    /// How many partitions there are.
     pub fn len(&self) -> usize {
-        match &self.remote {
-            Some(r) => r.len(),
-            None => self.senders.len(),
-        }
+        self.inner.len()
     }
 
     /// Whether there are none (never, for a running service).
@@ -273,118 +249,60 @@ impl Shards {
         self.len() == 0
     }
 
-    /// The shard `device` belongs to.
+    /// The partition `device` belongs to.
     pub fn of(&self, device: &str) -> usize {
         shard_of(device, self.len())
     }
 
-    /// Whether every shard task is running (a cluster node: whether it can take input).
+    /// Whether the partitions can take input.
     pub fn running(&self) -> bool {
-        match &self.remote {
-            Some(r) => r.running(),
-            None => self.senders.iter().all(|s| !s.is_closed()),
-        }
+        self.inner.running()
     }
 
-    /// Sends each shard its part of a batch (`parts[k]` for shard `k`; empty parts are skipped),
-    /// all or nothing. `stamp` runs once every shard the batch needs has room and before
-    /// anything is sent (so a refused batch is never stamped); what it returns is handed back.
-    /// The replies arrive once each part's step is durable.
+    /// Sends each partition its part of a batch (`parts[k]` for partition `k`; empty parts are
+    /// skipped), all or nothing. `stamp` runs once every partition the batch needs has room and
+    /// before anything is sent (so a refused batch is never stamped); what it returns is handed
+    /// back. The replies arrive once each part is durable.
     pub fn send_batch_with<T>(
         &self,
-        mut parts: Vec<Vec<StampedFix>>,
+        parts: Vec<Vec<StampedFix>>,
         arrived: Instant,
         stamp: impl FnOnce(&mut [Vec<StampedFix>]) -> T,
     ) -> Result<(Vec<PartReply>, T), SendError> {
-        if let Some(r) = &self.remote {
-            let mut stamp = Some(stamp);
-            let mut stamped = None;
-            let replies = r.send_parts(parts, &mut |parts| {
-                if let Some(f) = stamp.take() {
-                    stamped = Some(f(parts));
-                }
-            })?;
-            let _ = arrived;
-            return match stamped {
-                Some(t) => Ok((replies, t)),
-                None => Err(SendError::Closed),
-            };
-        }
-        let mut permits = Vec::new();
-        for (k, fixes) in parts.iter().enumerate() {
-            if fixes.is_empty() {
-                continue;
+        let mut stamp = Some(stamp);
+        let mut stamped = None;
+        let replies = self.inner.send_parts(parts, arrived, &mut |parts| {
+            if let Some(f) = stamp.take() {
+                stamped = Some(f(parts));
             }
-            match self.senders[k].try_reserve() {
-                Ok(p) => permits.push((k, p)),
-                Err(mpsc::error::TrySendError::Full(_)) => return Err(SendError::Full),
-                Err(mpsc::error::TrySendError::Closed(_)) => return Err(SendError::Closed),
-            }
+        })?;
+        match stamped {
+            Some(t) => Ok((replies, t)),
+            None => Err(SendError::Closed),
         }
-        let stamped = stamp(&mut parts);
-        let request = (
-            REQUESTS.fetch_add(1, Ordering::Relaxed),
-            permits.len() as u32,
-        );
-        let mut replies = Vec::with_capacity(permits.len());
-        for (k, permit) in permits {
-            let (tx, rx) = oneshot::channel();
-            permit.send(ShardMsg::Fixes {
-                fixes: std::mem::take(&mut parts[k]),
-                arrived,
-                reply: tx,
-                request,
-            });
-            replies.push(rx);
-        }
-        Ok((replies, stamped))
     }
 
-    /// The state of device `id`, asked of its shard; `None` for an unknown device.
+    /// The state of device `id`, asked of its partition; `None` for an unknown device.
     pub async fn device(&self, id: &str) -> Result<Option<DeviceView>, QueryError> {
-        if let Some(r) = &self.remote {
-            return r.device(id.to_string()).await;
-        }
-        let (tx, rx) = oneshot::channel();
-        self.senders[self.of(id)]
-            .send(ShardMsg::Device {
-                id: id.to_string(),
-                reply: tx,
-            })
-            .await
-            .map_err(|_| QueryError::Closed)?;
-        rx.await.map_err(|_| QueryError::Closed)
+        self.inner.device(id.to_string()).await
     }
 
     /// Up to `limit` devices from `after` on, and where the next page starts (`None`: done).
-    /// A page costs O(limit) on each shard it touches, not a sort of every device.
+    /// A page costs O(limit) on each partition it touches, not a sort of every device.
     pub async fn device_page(
         &self,
         after: DeviceCursor,
         limit: usize,
     ) -> Result<(Vec<DeviceSummary>, Option<DeviceCursor>), QueryError> {
-        self.walk(after, limit, usize::MAX, |shard, from, want| {
-            Box::pin(async move {
-                match &self.remote {
-                    Some(r) => r.device_page(shard, from, want).await,
-                    None => {
-                        let (tx, rx) = oneshot::channel();
-                        let msg = ShardMsg::DevicePage {
-                            from,
-                            limit: want,
-                            reply: tx,
-                        };
-                        self.ask(shard, msg, rx).await
-                    }
-                }
-            })
+        self.walk(after, limit, usize::MAX, |p, from, want| {
+            self.inner.device_page(p, from, want)
         })
         .await
     }
 
     /// Up to `limit` devices inside fence `fence` from `after` on, and where the next page starts
-    /// (`None`: done). Each shard is walked in pair slot order a bounded slice at a time, so a
-    /// page may come back shorter than `limit` with a cursor to go on from.
+    /// (`None`: done). Each partition is walked in pair slot order a bounded slice at a time, so
+    /// a page may come back shorter than `limit` with a cursor to go on from.
     pub async fn occupants(
         &self,
         fence: &str,
@@ -392,46 +310,18 @@ impl Shards {
         limit: usize,
     ) -> Result<(Vec<Occupant>, Option<DeviceCursor>), QueryError> {
         let fence: Arc<str> = Arc::from(fence);
-        // Bounded work per page: a rare fence over many shards answers with a cursor, not a
+        // Bounded work per page: a rare fence over many partitions answers with a cursor, not a
         // walk of every pair.
-        self.walk(after, limit, 16, |shard, from, want| {
-            let fence = fence.clone();
-            Box::pin(async move {
-                match &self.remote {
-                    Some(r) => r.occupants(shard, fence, from, want).await,
-                    None => {
-                        let (tx, rx) = oneshot::channel();
-                        let msg = ShardMsg::Occupants {
-                            fence,
-                            from,
-                            limit: want,
-                            reply: tx,
-                        };
-                        self.ask(shard, msg, rx).await
-                    }
-                }
-            })
+        self.walk(after, limit, 16, |p, from, want| {
+            self.inner.occupants(p, fence.clone(), from, want)
         })
         .await
     }
 
-    /// Sends `msg` to shard `shard` and waits for its answer on `rx`.
-    async fn ask<T>(
-        &self,
-        shard: usize,
-        msg: ShardMsg,
-        rx: oneshot::Receiver<T>,
-    ) -> Result<T, QueryError> {
-        self.senders[shard]
-            .send(msg)
-            .await
-            .map_err(|_| QueryError::Closed)?;
-        rx.await.map_err(|_| QueryError::Closed)
-    }
-
-    /// Walks the shards in order from `after`, asking `step(shard, from_slot, want)` for at most
-    /// `want` items and the slot to go on from (`None`: that shard is done), until `limit` items
-    /// or `max_steps` asks; returns the items and where the next page starts (`None`: done).
+    /// Walks the partitions in order from `after`, asking `step(p, from_slot, want)` for at
+    /// most `want` items and the slot to go on from (`None`: that partition is done), until
+    /// `limit` items or `max_steps` asks; returns the items and where the next page starts
+    /// (`None`: done).
     async fn walk<'a, T>(
         &'a self,
         after: DeviceCursor,
@@ -465,103 +355,82 @@ impl Shards {
     /// Removes device `id` (its pairs, timers and buffered fixes; no event) and returns once
     /// the removal is durable; false for an unknown device.
     pub async fn remove_device(&self, id: &str) -> Result<bool, QueryError> {
-        if let Some(r) = &self.remote {
-            return r.remove_device(id.to_string()).await;
-        }
-        let (tx, rx) = oneshot::channel();
-        let (ack_tx, ack_rx) = oneshot::channel();
-        self.senders[self.of(id)]
-            .send(ShardMsg::RemoveDevice {
-                id: id.to_string(),
-                reply: tx,
-                ack: ack_tx,
-            })
-            .await
-            .map_err(|_| QueryError::Closed)?;
-        let existed = rx.await.map_err(|_| QueryError::Closed)?;
-        if existed {
-            match ack_rx.await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(QueryError::Unavailable(e.to_string())),
-                Err(_) => return Err(QueryError::Closed),
-            }
-        }
-        Ok(existed)
+        self.inner.remove_device(id.to_string()).await
     }
 
-    /// event mode: advances every shard to watermark `to` (which stands for fix time
+    /// event mode: advances every partition to watermark `to` (which stands for fix time
     /// `max_seen`) and returns once each has made that step durable, with the events it fired
     /// (all of them unless the fire cap carried some to the next steps).
     pub async fn advance(&self, to: Ts, max_seen: Ts) -> Result<(), QueryError> {
-        if let Some(r) = &self.remote {
-            return r.advance(to, max_seen).await;
-        }
-        let mut acks = Vec::with_capacity(self.senders.len());
-        for s in self.senders.iter() {
-            let (tx, rx) = oneshot::channel();
-            s.send(ShardMsg::Advance {
-                to,
-                max_seen,
-                ack: tx,
-            })
-            .await
-            .map_err(|_| QueryError::Closed)?;
-            acks.push(rx);
-        }
-        for rx in acks {
-            match rx.await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(QueryError::Unavailable(e.to_string())),
-                Err(_) => return Err(QueryError::Closed),
-            }
-        }
-        Ok(())
+        self.inner.advance(to, max_seen).await
     }
 
-    /// How many devices are inside fence `fence`, over every shard.
+    /// How many devices are inside fence `fence`, over every partition.
     pub async fn inside(&self, fence: &str) -> Result<u64, QueryError> {
         let fence: Arc<str> = Arc::from(fence);
         let mut total = 0;
         for k in 0..self.len() {
-            total += match &self.remote {
-                Some(r) => r.inside(k, fence.clone()).await?,
-                None => {
-                    let (tx, rx) = oneshot::channel();
-                    self.senders[k]
-                        .send(ShardMsg::Inside {
-                            fence: fence.clone(),
-                            reply: tx,
-                        })
-                        .await
-                        .map_err(|_| QueryError::Closed)?;
-                    rx.await.map_err(|_| QueryError::Closed)?
-                }
-            };
+            total += self.inner.inside(k, fence.clone()).await?;
         }
         Ok(total)
     }
+}
 
-    /// Inserts or replaces `fence` on every shard, as fence change number `change`.
+/// This process's partitions: one task each, reached over bounded channels (cheap to clone).
+#[derive(Debug, Clone)]
+pub struct LocalShards {
+    senders: Arc<[mpsc::Sender<ShardMsg>]>,
+    /// Whether the store takes commits: input is refused at once while it does not.
+    health: Arc<crate::events::health::StoreHealth>,
+}
+
+impl LocalShards {
+    /// Sends `msg` to partition `k` (waits for room); `Closed` once its task is gone.
+    async fn send(&self, k: usize, msg: ShardMsg) -> Result<(), Closed> {
+        self.senders
+            .get(k)
+            .ok_or(Closed)?
+            .send(msg)
+            .await
+            .map_err(|_| Closed)
+    }
+
+    /// Asks partition `k` a read of its engine.
+    async fn query<T: Send + 'static>(
+        &self,
+        k: usize,
+        read: impl FnOnce(&Engine) -> T + Send + 'static,
+    ) -> Result<T, QueryError> {
+        let (tx, rx) = oneshot::channel();
+        let q: crate::runtime::Query = Box::new(move |e| {
+            let _ = tx.send(read(e));
+        });
+        self.send(k, ShardMsg::Query(q)).await?;
+        rx.await.map_err(|_| QueryError::Closed)
+    }
+
+    /// Sends a message to every partition, in order.
+    async fn broadcast(&self, msg: impl Fn() -> ShardMsg) -> Result<(), Closed> {
+        for k in 0..self.senders.len() {
+            self.send(k, msg()).await?;
+        }
+        Ok(())
+    }
+
+    /// Inserts or replaces `fence` on every partition, as fence change number `change`.
     pub async fn upsert_fence(&self, fence: Arc<Fence>, change: u64) -> Result<(), Closed> {
-        for s in self.senders.iter() {
-            s.send(ShardMsg::UpsertFence(fence.clone(), change))
-                .await
-                .map_err(|_| Closed)?;
-        }
-        Ok(())
+        self.broadcast(|| ShardMsg::UpsertFence(fence.clone(), change))
+            .await
     }
 
-    /// Removes fence `id` from every shard, as fence change number `change`.
+    /// Removes fence `id` from every partition, as fence change number `change`.
     pub async fn remove_fence(&self, id: Arc<str>, change: u64) -> Result<(), Closed> {
-        for s in self.senders.iter() {
-            s.send(ShardMsg::RemoveFence(id.clone(), change))
-                .await
-                .map_err(|_| Closed)?;
-        }
-        Ok(())
+        self.broadcast(|| ShardMsg::RemoveFence(id.clone(), change))
+            .await
     }
 
-    /// Sends shard `k` one fence change it missed: `fence` as it is now (`None`: deleted `id`).
+    /// Sends partition `k` one fence change it missed: `fence` as it is now (`None`: deleted
+    /// `id`).
     pub async fn fence_to(
         &self,
         k: usize,
@@ -573,22 +442,140 @@ impl Shards {
             Some(f) => ShardMsg::UpsertFence(f, change),
             None => ShardMsg::RemoveFence(Arc::from(id), change),
         };
-        self.senders
-            .get(k)
-            .ok_or(Closed)?
-            .send(msg)
-            .await
-            .map_err(|_| Closed)
+        self.send(k, msg).await
     }
 
-    /// Asks every shard to freeze its state for checkpoint `round`, after what is queued.
+    /// Asks every partition to freeze its state for checkpoint `round`, after what is queued.
     pub async fn checkpoint(&self, round: u64, full: bool) -> Result<(), Closed> {
-        for s in self.senders.iter() {
-            s.send(ShardMsg::Checkpoint { round, full })
-                .await
-                .map_err(|_| Closed)?;
+        self.broadcast(|| ShardMsg::Checkpoint { round, full })
+            .await
+    }
+
+    /// Waits for an acknowledgement of a durable step.
+    async fn acked(
+        rx: oneshot::Receiver<Result<(), crate::events::publisher::PublishError>>,
+    ) -> Result<(), QueryError> {
+        match rx.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(QueryError::Unavailable(e.to_string())),
+            Err(_) => Err(QueryError::Closed),
         }
-        Ok(())
+    }
+}
+
+impl Partitions for LocalShards {
+    fn len(&self) -> usize {
+        self.senders.len()
+    }
+
+    fn running(&self) -> bool {
+        self.health.healthy() && self.senders.iter().all(|s| !s.is_closed())
+    }
+
+    fn send_parts(
+        &self,
+        mut parts: Vec<Vec<StampedFix>>,
+        arrived: Instant,
+        stamp: &mut dyn FnMut(&mut [Vec<StampedFix>]),
+    ) -> Result<Vec<PartReply>, SendError> {
+        if !self.health.healthy() {
+            return Err(SendError::Unavailable);
+        }
+        let mut permits = Vec::new();
+        for (k, fixes) in parts.iter().enumerate() {
+            if fixes.is_empty() {
+                continue;
+            }
+            match self.senders[k].try_reserve() {
+                Ok(p) => permits.push((k, p)),
+                Err(mpsc::error::TrySendError::Full(_)) => return Err(SendError::Full),
+                Err(mpsc::error::TrySendError::Closed(_)) => return Err(SendError::Closed),
+            }
+        }
+        stamp(&mut parts);
+        let request = (
+            REQUESTS.fetch_add(1, Ordering::Relaxed),
+            permits.len() as u32,
+        );
+        let mut replies = Vec::with_capacity(permits.len());
+        for (k, permit) in permits {
+            let (tx, rx) = oneshot::channel();
+            permit.send(ShardMsg::Fixes {
+                fixes: std::mem::take(&mut parts[k]),
+                arrived,
+                reply: tx,
+                request,
+            });
+            replies.push(rx);
+        }
+        Ok(replies)
+    }
+
+    fn device(&self, id: String) -> BoxFuture<'_, Result<Option<DeviceView>, QueryError>> {
+        let k = shard_of(&id, self.len());
+        Box::pin(self.query(k, move |e| e.device(&id)))
+    }
+
+    fn device_page(
+        &self,
+        p: usize,
+        from: u32,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<DevicePage, QueryError>> {
+        Box::pin(self.query(p, move |e| e.device_page(from, limit)))
+    }
+
+    fn occupants(
+        &self,
+        p: usize,
+        fence: Arc<str>,
+        from: u32,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<OccupantPage, QueryError>> {
+        Box::pin(self.query(p, move |e| {
+            e.fence_occupants(&fence, from, limit, OCCUPANCY_SCAN)
+        }))
+    }
+
+    fn inside(&self, p: usize, fence: Arc<str>) -> BoxFuture<'_, Result<u64, QueryError>> {
+        Box::pin(self.query(p, move |e| e.fence_inside(&fence)))
+    }
+
+    fn remove_device(&self, id: String) -> BoxFuture<'_, Result<bool, QueryError>> {
+        Box::pin(async move {
+            let (tx, rx) = oneshot::channel();
+            let (ack_tx, ack_rx) = oneshot::channel();
+            let k = shard_of(&id, self.len());
+            let msg = ShardMsg::RemoveDevice {
+                id,
+                reply: tx,
+                ack: ack_tx,
+            };
+            self.send(k, msg).await?;
+            let existed = rx.await.map_err(|_| QueryError::Closed)?;
+            LocalShards::acked(ack_rx).await?;
+            Ok(existed)
+        })
+    }
+
+    fn advance(&self, to: Ts, max_seen: Ts) -> BoxFuture<'_, Result<(), QueryError>> {
+        Box::pin(async move {
+            let mut acks = Vec::with_capacity(self.senders.len());
+            for k in 0..self.senders.len() {
+                let (tx, rx) = oneshot::channel();
+                let msg = ShardMsg::Advance {
+                    to,
+                    max_seen,
+                    ack: tx,
+                };
+                self.send(k, msg).await?;
+                acks.push(rx);
+            }
+            for rx in acks {
+                LocalShards::acked(rx).await?;
+            }
+            Ok(())
+        })
     }
 }
 
@@ -613,15 +600,13 @@ mod batch_tests {
     use super::*;
     use geodwell_core::fix::DEFAULT_MAX_DEVICE_LEN;
 
-    fn shards(queue: usize) -> (Shards, Vec<mpsc::Receiver<ShardMsg>>) {
+    fn shards(queue: usize) -> (Shards, LocalShards, Vec<mpsc::Receiver<ShardMsg>>) {
         let (senders, receivers): (Vec<_>, Vec<_>) = (0..2).map(|_| mpsc::channel(queue)).unzip();
-        (
-            Shards {
-                senders: senders.into(),
-                remote: None,
-            },
-            receivers,
-        )
+        let local = LocalShards {
+            senders: senders.into(),
+            health: Arc::default(),
+        };
+        (Shards::new(Arc::new(local.clone())), local, receivers)
     }
 
     fn parts(s: &Shards, n: usize) -> Vec<Vec<StampedFix>> {
@@ -648,9 +633,9 @@ mod batch_tests {
 
     #[tokio::test]
     async fn a_full_shard_queue_refuses_the_whole_batch_before_stamping_or_sending_anything() {
-        let (s, mut rx) = shards(1);
+        let (s, local, mut rx) = shards(1);
         // Fill the shard queues: the shards are stalled (nobody reads the receivers).
-        for tx in s.senders.iter() {
+        for tx in local.senders.iter() {
             tx.try_send(ShardMsg::RemoveFence(Arc::from("x"), 1))
                 .unwrap();
         }
@@ -667,7 +652,7 @@ mod batch_tests {
 
     #[tokio::test]
     async fn a_batch_reaches_every_shard_it_needs_once_stamped() {
-        let (s, mut rx) = shards(4);
+        let (s, _local, mut rx) = shards(4);
         let (replies, stamped) = s
             .send_batch_with(parts(&s, 20), Instant::now(), |parts| {
                 for p in parts.iter_mut() {
@@ -693,8 +678,8 @@ mod batch_tests {
         }
         assert_eq!(seen, 20);
         drop(rx);
-        let (s, rx) = shards(1);
-        drop(rx);
+        let (s, local, rx) = shards(1);
+        drop((rx, local));
         assert!(matches!(
             s.send_batch_with(parts(&s, 3), Instant::now(), |_| ()),
             Err(SendError::Closed)

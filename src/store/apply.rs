@@ -21,8 +21,10 @@ use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge, histogram};
 
+use super::batch::Batch;
+use super::error::StoreError;
 use super::journal::Journal;
-use super::{Batch, Flush, Live, StoreError};
+use super::live::{Flush, Live};
 use crate::telemetry as t;
 
 /// The applier waits this long after its previous transaction before the next one, unless a
@@ -230,11 +232,9 @@ fn run(shared: &Shared, live: &Live, journal: &Mutex<Journal>) {
                 } else {
                     APPLY_EVERY
                 };
-                if q.stop
-                    || (q.urgent && q.failing.is_none())
-                    || q.bytes >= APPLY_BYTES
-                    || since >= wait
-                {
+                // A failing store is retried at its pace, however large the backlog grows.
+                let hurried = q.urgent || q.bytes >= APPLY_BYTES;
+                if q.stop || (hurried && q.failing.is_none()) || since >= wait {
                     break;
                 }
                 q = shared
@@ -268,7 +268,11 @@ fn run(shared: &Shared, live: &Live, journal: &Mutex<Journal>) {
             }
             Err(e) => {
                 counter!(t::STORE_APPLY_FAILURES).increment(1);
-                tracing::error!(error = %e, "writing journaled commits to the store file failed; they stay in the journal and are retried");
+                if q.failing.is_none() {
+                    tracing::error!(error = %e, "writing journaled commits to the store file failed; they stay in the journal and are retried every second");
+                } else {
+                    tracing::debug!(error = %e, "writing journaled commits to the store file failed again");
+                }
                 q.failing = Some(e.to_string());
                 for item in items.into_iter().rev() {
                     q.items.push_front(item);

@@ -103,22 +103,22 @@ impl Batch {
 
     /// Decodes what [`Batch::encode`] wrote; refuses truncation, invalid UTF-8, unknown flags
     /// and trailing bytes.
-    pub fn decode(bytes: &[u8]) -> Result<Batch, super::DecodeError> {
+    pub fn decode(bytes: &[u8]) -> Result<Batch, super::codec::DecodeError> {
         let mut r = super::codec::Reader { b: bytes, at: 0 };
         let mut b = Batch::default();
-        let u16_le = |r: &mut super::codec::Reader<'_>| -> Result<u16, super::DecodeError> {
+        let u16_le = |r: &mut super::codec::Reader<'_>| -> Result<u16, super::codec::DecodeError> {
             Ok(u16::from_le_bytes([r.u8()?, r.u8()?]))
         };
-        for _ in 0..r.len()? {
+        for _ in 0..r.count()? {
             let shard = u16_le(&mut r)?;
             let seq = r.uv()?;
             b.inputs.push((shard, seq, r.bytes()?.to_vec()));
         }
-        for _ in 0..r.len()? {
+        for _ in 0..r.count()? {
             let n = r.uv()?;
             b.fence_changes.push((n, r.bytes()?.to_vec()));
         }
-        for _ in 0..r.len()? {
+        for _ in 0..r.count()? {
             let shard = u16_le(&mut r)?;
             b.truncate_inputs.push((shard, r.uv()?));
         }
@@ -141,11 +141,11 @@ impl Batch {
         if flags & 16 != 0 {
             b.next_seq = Some(r.uv()?);
         }
-        for _ in 0..r.len()? {
+        for _ in 0..r.count()? {
             let seq = r.uv()?;
             b.events.push((seq, Arc::from(r.str()?)));
         }
-        for _ in 0..r.len()? {
+        for _ in 0..r.count()? {
             let name = r.str()?.to_string();
             b.cursors.push((name, r.uv()?));
         }

@@ -7,12 +7,12 @@ use redb::{ReadableDatabase, ReadableTable};
 
 use super::checkpoint::{CHECKPOINT_FILE, DEVICES, FENCES, read_ck_meta};
 use super::events::{EVENT_PAGES, decode_page};
-use super::input::{decode_fence_change, decode_shard_input};
-use super::{
-    CURSORS, FENCE_CHANGES, FILE_NAME, INPUT, StoreError, codec, db_err, guarded_open, read_meta,
-};
+use super::tables::{CURSORS, FENCE_CHANGES, FILE_NAME, INPUT};
+use super::{StoreError, codec, db_err, guarded_open, read_meta};
 use geodwell_core::event::Event;
 use geodwell_core::fences::{Fence, FenceLimits};
+use geodwell_core::partition::Input;
+use geodwell_core::partition::record::{decode, decode_fence_change};
 
 /// Most problems listed in a report; the rest are only counted.
 const MAX_LISTED_PROBLEMS: usize = 100;
@@ -342,10 +342,8 @@ fn scan(
                 ));
             }
             prev = Some((shard, seq));
-            match decode_shard_input(v.value(), usize::MAX) {
-                Ok(super::input::ShardInput::Fixes { fixes, .. }) => {
-                    report.input_fixes += fixes.len() as u64
-                }
+            match decode(v.value(), usize::MAX) {
+                Ok(Input::Fixes { fixes, .. }) => report.input_fixes += fixes.len() as u64,
                 Ok(_) => {}
                 Err(e) => report.problem(format!("input log ({shard}, {seq}): {}", e.0)),
             }

@@ -78,7 +78,7 @@ impl CheckpointMeta {
         let shards = u32::try_from(r.uv()?).map_err(|_| r.err("shard count"))?;
         let fence_change = r.uv()?;
         let event_floor = r.uv()?;
-        let n = r.len()?;
+        let n = r.count()?;
         let mut positions = Vec::with_capacity(n);
         for _ in 0..n {
             let seq = r.uv()?;

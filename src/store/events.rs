@@ -34,7 +34,7 @@ pub(crate) fn encode_page(events: &[(u64, Arc<str>)]) -> Vec<u8> {
 /// Decodes a page whose first event has `seq = first`: `(seq, JSON)` in order.
 pub(crate) fn decode_page(first: u64, bytes: &[u8]) -> Result<Vec<(u64, &str)>, DecodeError> {
     let mut r = Reader { b: bytes, at: 0 };
-    let n = r.len()?;
+    let n = r.count()?;
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
         out.push((first + i as u64, r.str()?));

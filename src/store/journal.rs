@@ -48,7 +48,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::StoreError;
+use super::error::StoreError;
 
 /// The journal's directory inside the data directory.
 pub const DIR: &str = "journal";

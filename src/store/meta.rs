@@ -8,10 +8,12 @@ use std::path::Path;
 
 use redb::{Database, ReadableDatabase, TableHandle};
 
-use super::{
+use super::error::{StoreError, db_err};
+use super::tables::{
     CURSORS, FENCE_CHANGES, INPUT, K_JOURNAL_APPLIED, K_MAX_SEEN, K_NEXT_SEQ, K_SCHEMA,
-    K_WATERMARK, META, SCHEMA_VERSION, StoreError, codec, db_err, events,
+    K_WATERMARK, META, SCHEMA_VERSION,
 };
+use super::{codec, events};
 
 /// The decoded `meta` table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

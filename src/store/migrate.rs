@@ -16,10 +16,8 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use super::checkpoint::{CheckpointMeta, CheckpointStore};
 use super::events::{EVENT_PAGES, encode_page};
-use super::{
-    FENCE_CHANGES, FILE_NAME, INPUT, K_SCHEMA, META, SCHEMA_VERSION, StoreError, codec, db_err,
-    guarded_open, read_meta,
-};
+use super::tables::{FENCE_CHANGES, FILE_NAME, INPUT, K_SCHEMA, META, SCHEMA_VERSION};
+use super::{StoreError, codec, db_err, guarded_open, read_meta};
 
 const V1_FENCES: TableDefinition<&str, &str> = TableDefinition::new("fences");
 const V1_EVENTS: TableDefinition<u64, &str> = TableDefinition::new("events");

@@ -3,13 +3,14 @@
 //! - `journal/`, the journal ([`journal`]): every commit is one append to it, `fdatasync`'d,
 //!   and is durable from then on; the applier ([`apply`]) writes the journaled commits into the
 //!   live file in the background, and a start applies what it had not.
-//! - `geodwell.redb`, the live file: the **input log** (every shard's records, `input.rs`, and
-//!   the fence changes), the event log, the event-mode watermark source, delivery cursors and
-//!   webhook state. Appends proportional to the input, never a rewrite of state.
+//! - `geodwell.redb`, the live file: the **input log** (every shard's records and the fence
+//!   changes, encoded by `geodwell_core::partition::record`), the event log, the event-mode
+//!   watermark source, delivery cursors and webhook state. Appends proportional to the input,
+//!   never a rewrite of state.
 //! - `checkpoint.redb` ([`checkpoint`]): the engines' state at a point of each shard's log,
 //!   written in the background.
 //!
-//! A warm start is the checkpoint plus a replay of the log after it (`boot.rs`).
+//! A warm start is the checkpoint plus a replay of the log after it (`crate::boot`).
 //!
 //! - [`Store`]: open (create or verify both files), [`Store::load`] everything for a warm start,
 //!   and [`Store::commit`] one [`Batch`] in one write transaction of the live file.
@@ -17,6 +18,10 @@
 //!   store (device state in the live file) converted to this layout.
 //! - `webhooks.rs`: webhook sink definitions, cursors and dead letters, and the event-retention
 //!   hold for lagging sinks (two tables created on first use; see `docs/webhooks.md`).
+//! - `tables.rs`: the live file's layout (tables, `meta` keys, schema version); `live.rs`: the
+//!   live file as commits write it ([`Flush`]). The files [`Store`] is built on (the journal,
+//!   the applier, `batch.rs`, `meta.rs`) take what they share from those two and `error.rs`,
+//!   never from this file, so none of them depends on the facade that depends on them.
 //!
 //! Invariants:
 //! - The live file holds `meta.schema_version == SCHEMA_VERSION`, written in the same
@@ -40,62 +45,36 @@ pub mod checkpoint;
 pub(crate) mod codec;
 mod error;
 mod events;
-pub mod input;
 pub mod journal;
+mod live;
 mod meta;
 mod migrate;
+mod tables;
 #[cfg(test)]
 mod tests;
 mod webhooks;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable};
 
 pub use batch::Batch;
 pub use check::{CheckReport, check};
 pub use checkpoint::{Checkpoint, CheckpointMeta, CheckpointStore, CheckpointWriter, RawDevice};
-pub use codec::DecodeError;
 pub use error::StoreError;
 pub(crate) use error::{db_err, guarded_open};
+pub use geodwell_core::codec::DecodeError;
+pub use live::Flush;
+use live::{Live, open_db};
 use meta::init_or_verify;
 pub(crate) use meta::read_meta;
 pub use migrate::{Migrated, migrate};
+use tables::{CURSORS, FENCE_CHANGES, INPUT};
+pub use tables::{FILE_NAME, SCHEMA_VERSION};
 pub use webhooks::{WEBHOOK_CURSOR_PREFIX, WebhookBatch, WebhookSnapshot, webhook_cursor_key};
-
-/// The layout version this build reads and writes. Bump it on any change to the tables or to an
-/// encoding (see `codec.rs`); a store of another version is refused, never reinterpreted.
-pub const SCHEMA_VERSION: u32 = 3;
-
-/// The file name of the store inside the data directory.
-pub const FILE_NAME: &str = "geodwell.redb";
-
-pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
-pub(crate) const CURSORS: TableDefinition<&str, u64> = TableDefinition::new("cursors");
-/// The input log: (shard, seq) -> record (`input.rs`).
-pub(crate) const INPUT: TableDefinition<(u16, u64), &[u8]> = TableDefinition::new("input");
-/// Fence changes: change number -> change (`input.rs`).
-pub(crate) const FENCE_CHANGES: TableDefinition<u64, &[u8]> = TableDefinition::new("fence_changes");
-
-pub(crate) const K_SCHEMA: &str = "schema_version";
-pub(crate) const K_WATERMARK: &str = "watermark";
-pub(crate) const K_MAX_SEEN: &str = "max_seen";
-pub(crate) const K_NEXT_SEQ: &str = "next_seq";
-/// The last journal commit the live file holds (absent: 0).
-pub(crate) const K_JOURNAL_APPLIED: &str = "journal_applied";
-
-/// Whether a commit waits for the disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Flush {
-    /// fsync'd before the commit returns (redb `Durability::Immediate`).
-    Fsync,
-    /// Not fsync'd (redb `Durability::None`): visible at once, but lost on a crash or power
-    /// loss unless a later [`Flush::Fsync`] commit (or a clean close) persists it.
-    Deferred,
-}
 
 /// Everything a warm start needs: the checkpoint, and the live file's input log after it, event
 /// tail and meta (the live file read in one read transaction).
@@ -135,86 +114,6 @@ pub struct StoreStats {
     pub journal_bytes: u64,
 }
 
-/// The live redb file and what writing it needs; shared with the applier thread.
-pub(crate) struct Live {
-    path: PathBuf,
-    /// `None` after a failed reopen; the next write tries again.
-    db: Mutex<Option<Database>>,
-    commits: AtomicU64,
-    failed_commits: AtomicU64,
-    reopens: AtomicU64,
-    /// Commits never trim events at or above this seq (webhook sinks still need them; see
-    /// `webhooks.rs`). `u64::MAX`: no hold.
-    event_floor: AtomicU64,
-    /// Commits never trim events at or above this seq either: a replay after the latest
-    /// checkpoint may produce them again, and must find them to keep their `seq`.
-    replay_floor: AtomicU64,
-}
-
-impl Live {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Database>> {
-        // A panic while holding the lock leaves at worst an aborted transaction behind.
-        self.db.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn floor(&self) -> u64 {
-        self.event_floor
-            .load(Ordering::Acquire)
-            .min(self.replay_floor.load(Ordering::Acquire))
-    }
-
-    /// Writes `batches` in one write transaction (each as [`Batch`] says, in order), and
-    /// `meta.journal_applied = applied` with them.
-    pub(crate) fn write<'a>(
-        &self,
-        batches: impl Iterator<Item = &'a Batch>,
-        applied: Option<u64>,
-        flush: Flush,
-    ) -> Result<(), StoreError> {
-        let path = &self.path;
-        let mut g = self.lock();
-        let txn = match g.as_ref().map(|db| db.begin_write()) {
-            Some(Ok(txn)) => txn,
-            Some(Err(e)) if !needs_reopen(&e) => return Err(db_err(path, "begin write", e)),
-            _ => {
-                // After an I/O error during a commit redb refuses further writes until the
-                // database is closed and reopened (which repairs it).
-                if let Some(db) = g.take()
-                    && let Err(e) = db.close()
-                {
-                    tracing::warn!(path = %path.display(), error = %e, "closing the store after a failed commit");
-                }
-                self.reopens.fetch_add(1, Ordering::Relaxed);
-                let db = open_db(path)?;
-                init_or_verify(&db, path)?;
-                let txn = db
-                    .begin_write()
-                    .map_err(|e| db_err(path, "begin write", e))?;
-                *g = Some(db);
-                txn
-            }
-        };
-        let mut txn = txn;
-        let err = |op: &'static str| move |e: redb::Error| db_err(path, op, e);
-        txn.set_durability(match flush {
-            Flush::Fsync => redb::Durability::Immediate,
-            Flush::Deferred => redb::Durability::None,
-        })
-        .map_err(|e| err("set durability")(e.into()))?;
-        let floor = self.floor();
-        for b in batches {
-            write_batch(&txn, b, floor).map_err(err("write"))?;
-        }
-        if let Some(n) = applied {
-            let mut t = txn.open_table(META).map_err(|e| err("write")(e.into()))?;
-            t.insert(K_JOURNAL_APPLIED, n.to_le_bytes().as_slice())
-                .map_err(|e| err("write")(e.into()))?;
-        }
-        txn.commit().map_err(|e| err("commit")(e.into()))?;
-        Ok(())
-    }
-}
-
 /// An open store. Thread-safe: share it in an `Arc`. Commits are serialized; loads run
 /// concurrently with them on a consistent snapshot.
 pub struct Store {
@@ -234,14 +133,6 @@ impl fmt::Debug for Store {
             .field("stats", &self.stats())
             .finish()
     }
-}
-
-fn open_db(path: &Path) -> Result<Database, StoreError> {
-    // The live file is appended to and read back only at start (and by lagging webhook sinks):
-    // a small cache is enough, and keeps redb's page cache from growing with the input.
-    guarded_open(path, || {
-        Database::builder().set_cache_size(4 << 20).create(path)
-    })
 }
 
 impl Store {
@@ -265,15 +156,7 @@ impl Store {
             read_meta(&txn, &path)?.journal_applied
         };
         let checkpoints = CheckpointStore::open(dir)?;
-        let live = Arc::new(Live {
-            path: path.clone(),
-            db: Mutex::new(Some(db)),
-            commits: AtomicU64::new(0),
-            failed_commits: AtomicU64::new(0),
-            reopens: AtomicU64::new(0),
-            event_floor: AtomicU64::new(u64::MAX),
-            replay_floor: AtomicU64::new(u64::MAX),
-        });
+        let live = Arc::new(Live::new(path.clone(), db));
         let (mut journal, records) = journal::Journal::open(dir, applied)?;
         let mut applied = applied;
         if let Some(&(last, _)) = records.last() {
@@ -470,63 +353,4 @@ fn read_after(
         tail.fence_changes.push((k.value(), v.value().to_vec()));
     }
     Ok(tail)
-}
-
-fn needs_reopen(e: &redb::TransactionError) -> bool {
-    matches!(
-        e,
-        redb::TransactionError::Storage(
-            redb::StorageError::PreviousIo | redb::StorageError::DatabaseClosed
-        )
-    )
-}
-
-fn write_batch(txn: &redb::WriteTransaction, b: &Batch, floor: u64) -> Result<(), redb::Error> {
-    if !b.inputs.is_empty() || !b.truncate_inputs.is_empty() {
-        let mut t = txn.open_table(INPUT)?;
-        for (shard, seq, rec) in &b.inputs {
-            t.insert((*shard, *seq), rec.as_slice())?;
-        }
-        for &(shard, upto) in &b.truncate_inputs {
-            t.retain_in((shard, 0)..=(shard, upto), |_, _| false)?;
-        }
-    }
-    if !b.fence_changes.is_empty() || b.truncate_fence_changes.is_some() {
-        let mut t = txn.open_table(FENCE_CHANGES)?;
-        for (n, change) in &b.fence_changes {
-            t.insert(*n, change.as_slice())?;
-        }
-        if let Some(upto) = b.truncate_fence_changes {
-            t.retain_in(..=upto, |_, _| false)?;
-        }
-    }
-    if !b.events.is_empty() || b.trim_events_below.is_some() {
-        let mut t = txn.open_table(events::EVENT_PAGES)?;
-        if let Some(first) = b.events.first() {
-            t.insert(first.0, events::encode_page(&b.events).as_slice())?;
-        }
-        if let Some(below) = b.trim_events_below {
-            // Events a webhook sink still needs are kept past the log's retention.
-            events::trim(&mut t, below.min(floor))?;
-        }
-    }
-    if b.watermark.is_some() || b.max_seen.is_some() || b.next_seq.is_some() {
-        let mut t = txn.open_table(META)?;
-        if let Some(w) = b.watermark {
-            t.insert(K_WATERMARK, w.to_le_bytes().as_slice())?;
-        }
-        if let Some(m) = b.max_seen {
-            t.insert(K_MAX_SEEN, m.to_le_bytes().as_slice())?;
-        }
-        if let Some(n) = b.next_seq {
-            t.insert(K_NEXT_SEQ, n.to_le_bytes().as_slice())?;
-        }
-    }
-    if !b.cursors.is_empty() {
-        let mut t = txn.open_table(CURSORS)?;
-        for (name, at) in &b.cursors {
-            t.insert(name.as_str(), *at)?;
-        }
-    }
-    Ok(())
 }

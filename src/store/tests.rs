@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::tables::{K_NEXT_SEQ, K_SCHEMA, META};
 use super::*;
 use geodwell_core::engine::{DeviceState, Engine, EngineConfig};
 use geodwell_core::event::Event;

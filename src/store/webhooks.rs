@@ -26,7 +26,8 @@ use std::sync::atomic::Ordering;
 use redb::{ReadableTable, TableDefinition, TableError};
 
 use super::events::{EVENT_PAGES, read_range};
-use super::{CURSORS, Flush, Store, StoreError, db_err};
+use super::tables::CURSORS;
+use super::{Flush, Store, StoreError, db_err};
 
 /// API-created sinks: id -> definition JSON.
 pub(crate) const WEBHOOK_SINKS: TableDefinition<&str, &str> = TableDefinition::new("webhook_sinks");

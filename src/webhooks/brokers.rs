@@ -23,7 +23,7 @@ use tokio::task::JoinHandle;
 
 use crate::outbound::{TargetPolicy, mqtt_tls};
 use crate::telemetry as t;
-use crate::webhooks::deliver::Attempt;
+use crate::webhooks::outcome::Attempt;
 use crate::webhooks::spec::{SinkKind, SinkSpec, destination_template, fill_template};
 use crate::wire::trackers::percent_decode;
 

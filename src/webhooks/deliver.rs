@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use reqwest::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 
+pub use super::outcome::Attempt;
 use crate::outbound::TargetPolicy;
 use crate::webhooks::spec::{SinkKind, SinkSpec, sign};
 
@@ -21,20 +22,6 @@ pub const HEADER_ID: &str = "webhook-id";
 pub const HEADER_TIMESTAMP: &str = "webhook-timestamp";
 /// Header carrying `v1,<base64 HMAC-SHA256>`.
 pub const HEADER_SIGNATURE: &str = "webhook-signature";
-
-/// The outcome of one attempt.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Attempt {
-    /// The receiver answered 2xx.
-    Delivered,
-    /// Anything else: a non-2xx status, a timeout, a connection error.
-    Failed {
-        /// What went wrong, for the status API and dead letters.
-        error: String,
-        /// The receiver's `Retry-After` (whole seconds), if it sent one.
-        retry_after: Option<Duration>,
-    },
-}
 
 /// The HTTP client every sink shares: no redirects (a 3xx is a failure, per Standard Webhooks),
 /// no proxies from the environment, only the targets `policy` allows, pooled connections.

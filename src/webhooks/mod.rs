@@ -6,7 +6,10 @@
 //! - [`sink`]: one sink's state and its task.
 //! - [`Webhooks`]: the manager: restores sinks at start, creates and deletes them for the API,
 //!   persists cursors and dead letters, keeps the store from trimming events a sink still needs,
-//!   and stops everything at shutdown.
+//!   and stops everything at shutdown. Its flushes (`persist.rs`), configuration reloads
+//!   (`reload.rs`) and cluster rounds (`rounds.rs`) are `impl Webhooks` blocks of their own:
+//!   they depend on this file, and this file names nothing of theirs (so [`ReloadReport`] is
+//!   defined here), which keeps them free of import cycles.
 //!
 //! Invariants:
 //! - Ingest never waits for a webhook: sinks only *read* the event log (and the store), each in
@@ -24,8 +27,10 @@
 
 pub mod brokers;
 pub mod deliver;
+mod outcome;
 mod persist;
 mod reload;
+mod rounds;
 pub mod shared;
 pub mod sink;
 pub mod spec;
@@ -45,7 +50,6 @@ use crate::outbound::{TargetError, TargetPolicy};
 use crate::store::{Flush, Store, StoreError, WebhookBatch};
 use crate::telemetry as t;
 
-pub use reload::ReloadReport;
 pub use sink::{DeadLetter, Phase, Sink, SinkStatus, Source};
 pub use spec::{Secret, SinkSpec};
 
@@ -113,6 +117,21 @@ pub struct SinkInfo {
     pub source: Source,
     /// Delivery status.
     pub status: SinkStatus,
+}
+
+/// What [`Webhooks::reload_config`] did, by sink id.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReloadReport {
+    /// Configured sinks started.
+    pub added: Vec<String>,
+    /// Configured sinks restarted with a new definition.
+    pub changed: Vec<String>,
+    /// Configured sinks stopped and forgotten.
+    pub removed: Vec<String>,
+    /// Configured sinks not applied, and why.
+    pub skipped: Vec<(String, String)>,
+    /// A cluster node: configured sinks change only with a restart.
+    pub restart_needed: bool,
 }
 
 /// The sink manager. Shared through `AppState::webhooks`.

@@ -11,24 +11,9 @@ use metrics::gauge;
 
 use super::sink::{self, Sink, Source};
 use super::spec::SinkSpec;
-use super::{WebhookError, Webhooks, run_blocking};
+use super::{ReloadReport, WebhookError, Webhooks, run_blocking};
 use crate::store::{Flush, WebhookBatch};
 use crate::telemetry as t;
-
-/// What [`Webhooks::reload_config`] did, by sink id.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ReloadReport {
-    /// Configured sinks started.
-    pub added: Vec<String>,
-    /// Configured sinks restarted with a new definition.
-    pub changed: Vec<String>,
-    /// Configured sinks stopped and forgotten.
-    pub removed: Vec<String>,
-    /// Configured sinks not applied, and why.
-    pub skipped: Vec<(String, String)>,
-    /// A cluster node: configured sinks change only with a restart.
-    pub restart_needed: bool,
-}
 
 impl Webhooks {
     /// Applies a new list of configured sinks (`[[webhooks]]`, SIGHUP): a sink no longer listed

@@ -1,5 +1,6 @@
 //! One sink: its runtime state (cursor, counters, dead letters, changes not yet persisted) and
-//! the task that delivers to it.
+//! the task that delivers to it. The values it reports are in `status.rs`, the form the store
+//! keeps of it in `persisted.rs`; neither names anything of this file.
 //!
 //! Invariants:
 //! - The task is the only writer of the cursor, and moves it forward only: past an event once it
@@ -21,7 +22,6 @@ use std::time::{Duration, Instant};
 use metrics::{counter, histogram};
 use rand_xoshiro::Xoshiro256PlusPlus as Rng;
 use rand_xoshiro::rand_core::{RngCore, SeedableRng};
-use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -36,99 +36,13 @@ use geodwell_core::event::EventKind;
 use geodwell_core::time::Ts;
 
 mod persisted;
+mod status;
 pub use persisted::Stats;
 pub(crate) use persisted::Unflushed;
+pub use status::{DeadLetter, Phase, SinkStatus, Source};
 
 /// Events read from the log (or the store) per step.
 const CHUNK: usize = 256;
-
-/// Where a sink's definition comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-#[schema(as = WebhookSource)]
-#[serde(rename_all = "lowercase")]
-pub enum Source {
-    /// A `[[webhooks]]` entry: re-read at every start, not deletable over the API.
-    Config,
-    /// Created with `POST /v1/webhooks`: persisted in the store (when there is one).
-    Api,
-}
-
-/// An event that could not be delivered within `max_attempts`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct DeadLetter {
-    /// The event's `seq`.
-    pub seq: u64,
-    /// The event's id (the `webhook-id` it was sent with).
-    pub id: String,
-    /// The event's type.
-    #[serde(rename = "type")]
-    pub kind: EventKind,
-    /// The event's fence.
-    pub fence: String,
-    /// Attempts made (all rounds together, retries requested over the API included).
-    pub attempts: u32,
-    /// Why the last attempt failed.
-    pub last_error: String,
-    /// When it was (last) given up (wall clock).
-    pub dead_lettered_at: Ts,
-    /// The event JSON exactly as it was sent.
-    pub event: Box<RawValue>,
-}
-
-/// What a sink's task is doing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-#[schema(as = WebhookState)]
-#[serde(rename_all = "snake_case")]
-pub enum Phase {
-    /// Caught up with the log head; waiting for events.
-    Idle,
-    /// Sending an event (or reading a backlog).
-    Delivering,
-    /// Waiting out a backoff delay before the next attempt.
-    Retrying,
-    /// The task has ended (shutdown or deletion).
-    Stopped,
-}
-
-/// A sink's delivery status, as `GET /v1/webhooks` shows it.
-// Fields in alphabetical order, the order the API has always shown them in (the answer used to be
-// built as a `serde_json` map, which sorts its keys).
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-#[schema(as = WebhookStatus)]
-pub struct SinkStatus {
-    /// The attempt number of the event being sent (0 when idle).
-    pub attempt: u32,
-    /// The next `seq` the sink will look at.
-    pub cursor: u64,
-    /// Events dead-lettered (kept across restarts).
-    pub dead_lettered: u64,
-    /// Dead letters held now.
-    #[schema(value_type = u64)]
-    pub dead_letters: usize,
-    /// Events lost to retention before this sink processed them (kept across restarts).
-    pub dropped: u64,
-    /// Failed attempts (kept across restarts).
-    pub failed: u64,
-    /// The `seq` the next published event will get.
-    pub head_seq: u64,
-    /// `head_seq - cursor`: events published but not yet processed by this sink (delivered,
-    /// dead-lettered or filtered out).
-    pub lag: u64,
-    /// The last failure's reason.
-    pub last_error: Option<String>,
-    /// When the last attempt failed.
-    #[schema(value_type = Option<String>, format = DateTime)]
-    pub last_failure_at: Option<Ts>,
-    /// When the last delivery succeeded.
-    #[schema(value_type = Option<String>, format = DateTime)]
-    pub last_success_at: Option<Ts>,
-    /// Attempts after the first for an event (kept across restarts).
-    pub retried: u64,
-    /// Events delivered (kept across restarts).
-    pub sent: u64,
-    /// What the task is doing.
-    pub state: Phase,
-}
 
 #[derive(Debug)]
 struct State {
@@ -561,5 +475,76 @@ impl Sink {
             }
         }
         self.set_phase(Phase::Stopped, 0);
+    }
+}
+
+// What the store learns of a sink: taken, acknowledged or given back under the sink's lock, so
+// the store's copy is a snapshot of memory and never ahead of it; after a crash the counters
+// resume from the last flush (a few deliveries may be counted again when their events are sent
+// again: at least once).
+impl Sink {
+    /// Takes the changes the store has not seen.
+    pub(crate) fn take_unflushed(&self) -> Unflushed {
+        let mut st = self.lock();
+        Unflushed {
+            cursor: (st.persisted != Some(st.cursor)).then_some(st.cursor),
+            dead: std::mem::take(&mut st.dead_ops),
+            stats: Some(self.stats_of(&st)).filter(|s| *s != st.stats_persisted),
+        }
+    }
+
+    /// The store now holds `p`.
+    pub(crate) fn flushed(&self, p: &Unflushed) {
+        let mut st = self.lock();
+        if let Some(c) = p.cursor {
+            st.persisted = Some(c);
+        }
+        if let Some(s) = p.stats {
+            st.stats_persisted = s;
+        }
+    }
+
+    /// Committing `p` failed: keep its dead-letter changes for the next flush (behind any newer
+    /// change of the same seq). The cursor needs nothing: it is still unpersisted.
+    pub(crate) fn restore_unflushed(&self, p: Unflushed) {
+        let mut st = self.lock();
+        for (seq, op) in p.dead {
+            st.dead_ops.entry(seq).or_insert(op);
+        }
+    }
+
+    /// The sink with its counters and times restored from the store (counted as persisted).
+    pub(crate) fn with_stats(self, s: Stats) -> Sink {
+        self.sent.store(s.sent, Ordering::Relaxed);
+        self.failed.store(s.failed, Ordering::Relaxed);
+        self.retried.store(s.retried, Ordering::Relaxed);
+        self.dead_lettered.store(s.dead_lettered, Ordering::Relaxed);
+        self.dropped.store(s.dropped, Ordering::Relaxed);
+        {
+            let mut st = self.lock();
+            st.last_success_at = s.last_success_at;
+            st.last_failure_at = s.last_failure_at;
+            st.stats_persisted = s;
+        }
+        self
+    }
+
+    /// The counters and times now.
+    pub(crate) fn stats(&self) -> Stats {
+        let st = self.lock();
+        self.stats_of(&st)
+    }
+
+    /// The counters and times now, with `st` the locked state.
+    fn stats_of(&self, st: &State) -> Stats {
+        Stats {
+            sent: self.sent.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
+            retried: self.retried.load(Ordering::Relaxed),
+            dead_lettered: self.dead_lettered.load(Ordering::Relaxed),
+            dropped: self.dropped.load(Ordering::Relaxed),
+            last_success_at: st.last_success_at,
+            last_failure_at: st.last_failure_at,
+        }
     }
 }

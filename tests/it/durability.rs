@@ -344,8 +344,8 @@ async fn a_full_disk_answers_503_loses_nothing_acknowledged_and_recovers() {
 
     // Everything acknowledged is there after a restart.
     let srv = start_cfg(durable_cfg(dir.path(), "")).await;
-    // The batch that first failed and was acknowledged on its retry counts too: its state was
-    // applied in memory at the first attempt, so only the kept, retried commit can hold it.
+    // The batch that first failed and was acknowledged on its retry counts too: its first
+    // attempt was never applied (its partition was rebuilt from the store), its retry was.
     let retried: Vec<(String, i64)> = failed
         .as_array()
         .unwrap()
@@ -370,6 +370,129 @@ async fn a_full_disk_answers_503_loses_nothing_acknowledged_and_recovers() {
             .timestamp_millis();
         assert_eq!(last, T0 + ts * 1000);
     }
+    srv.stop().await;
+    let report = geodwell::store::check(dir.path()).expect("the store checks clean after recovery");
+    assert!(report.is_ok(), "{report}");
+}
+
+/// Every 97th acknowledged device exists, and no device of a refused batch does.
+async fn exist_or_not(srv: &Srv, acked: &[String], refused: &[String]) {
+    for d in acked.iter().step_by(97).chain(acked.last()) {
+        let (s, v) = srv.get(&format!("/v1/devices/{d}")).await;
+        assert_eq!(s, 200, "acknowledged device {d} lost: {v}");
+    }
+    for d in refused.iter().step_by(97).chain(refused.last()) {
+        let (s, v) = srv.get(&format!("/v1/devices/{d}")).await;
+        assert_eq!(s, 404, "device {d} of a refused batch exists: {v}");
+    }
+}
+
+/// A batch of `n` fixes for devices `{prefix}{i}-{k}`, all at `secs`.
+fn named_batch(prefix: &str, i: usize, n: usize, secs: i64) -> (Value, Vec<String>) {
+    let names: Vec<String> = (0..n).map(|k| format!("{prefix}{i}-{k}")).collect();
+    let batch = names.iter().map(|d| fix(d, secs, k_inside(d))).collect();
+    (Value::Array(batch), names)
+}
+
+fn k_inside(name: &str) -> bool {
+    name.len().is_multiple_of(2)
+}
+
+/// With the data dir on a small tmpfs: once a commit fails, input is refused at once (a 503
+/// answered fix is never applied, so its device never exists), `/readyz` is not ready, and the
+/// outage ends within seconds of space returning, however many requests were refused meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_refuses_input_at_once_and_ends_within_seconds_of_space_returning() {
+    let dir = temp_dir();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=128m", "tmpfs"])
+        .arg(dir.path())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!(
+            "SKIPPED: cannot mount a small tmpfs here (needs root); the disk-full path is untested in this run"
+        );
+        return;
+    }
+    let _guard = Mounted(dir.path().to_path_buf());
+    let srv = start_cfg(durable_cfg(dir.path(), "")).await;
+    srv.put_fence("depot", square("depot", json!({"dwell": ["10m"]})))
+        .await;
+    let filler = dir.path().join("filler");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&filler).unwrap();
+        let chunk = vec![0u8; 16 * 1024];
+        while f.write_all(&chunk).is_ok() {}
+        let len = f.metadata().unwrap().len();
+        f.set_len(len.saturating_sub(2 * 1024 * 1024)).unwrap();
+        let _ = f.sync_all();
+    }
+    let mut acked: Vec<String> = Vec::new();
+    let mut refused: Vec<String> = Vec::new();
+    let mut i = 0;
+    loop {
+        let (batch, names) = named_batch("a", i, 2000, i as i64);
+        i += 1;
+        let (status, body) = srv.post_fixes(batch).await;
+        if status == 200 {
+            acked.extend(names);
+            assert!(i < 2000, "the disk never filled");
+            continue;
+        }
+        assert_eq!(status, 503, "{body}");
+        assert_eq!(body["error"]["code"], "store_unavailable", "{body}");
+        refused.extend(names);
+        break;
+    }
+    assert!(!acked.is_empty(), "some batches were acknowledged first");
+    let (ready, body) = srv.get("/readyz").await;
+    assert_eq!(ready, 503, "not ready while the store fails: {body}");
+    // 300 more batches while the disk is full: refused, and what they carry is never applied.
+    let mut refused_later = 0;
+    for j in 0..300 {
+        let (batch, names) = named_batch("r", j, 2000, 100_000 + j as i64);
+        let (status, body) = srv.post_fixes(batch).await;
+        match status {
+            200 => acked.extend(names),
+            503 => {
+                assert_eq!(body["error"]["code"], "store_unavailable", "{body}");
+                refused_later += 1;
+                refused.extend(names);
+            }
+            other => panic!("{other}: {body}"),
+        }
+    }
+    assert!(refused_later >= 290, "{refused_later} of 300 refused");
+    // Space returns: service resumes within seconds.
+    std::fs::remove_file(&filler).unwrap();
+    let freed = std::time::Instant::now();
+    let (batch, names) = named_batch("b", 0, 2000, 200_000);
+    loop {
+        let (status, body) = srv.post_fixes(batch.clone()).await;
+        if status == 200 {
+            acked.extend(names);
+            break;
+        }
+        assert!(
+            freed.elapsed() < Duration::from_secs(10),
+            "the outage did not end within 10 s of space returning: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "outage ended {:?} after space returned ({} fixes refused)",
+        freed.elapsed(),
+        refused.len()
+    );
+    let (ready, body) = srv.get("/readyz").await;
+    assert_eq!(ready, 200, "ready again: {body}");
+    exist_or_not(&srv, &acked, &refused).await;
+    srv.stop().await;
+    let srv = start_cfg(durable_cfg(dir.path(), "")).await;
+    exist_or_not(&srv, &acked, &refused).await;
     srv.stop().await;
     let report = geodwell::store::check(dir.path()).expect("the store checks clean after recovery");
     assert!(report.is_ok(), "{report}");

@@ -12,16 +12,20 @@
 //! - [`pairs`]: the device-fence pair record and its state machine.
 //! - [`engine`]: reorder buffer, fix application, watermark advance, persistence of device
 //!   state.
+//! - [`codec`]: the binary encodings the stores share (varints, device records).
+//! - [`partition`]: a partition's input records and the driver that applies them.
 //! - [`mod@reference`]: a naive recompute of the semantics, the oracle of the model tests.
 
 #![deny(missing_docs)]
 
+pub mod codec;
 pub mod engine;
 pub mod event;
 pub mod fences;
 pub mod fix;
 pub mod glob;
 pub mod pairs;
+pub mod partition;
 pub mod reference;
 pub mod time;
 pub mod wheel;

@@ -1,17 +1,16 @@
-//! What of a sink the store keeps and when: the changes not yet written ([`Unflushed`]), and
-//! the counters and last success / failure times, which outlive a restart (persisted with the
-//! cursor, same flush, same transaction, and restored at start).
+//! What of a sink the store keeps: the changes not yet written ([`Unflushed`]), and the
+//! counters and last success / failure times ([`Stats`]), which outlive a restart (persisted
+//! with the cursor, same flush, same transaction, and restored at start).
 //!
-//! Invariants: what is persisted is a snapshot taken under the sink's lock; the store's copy is
-//! never ahead of memory, so after a crash the counters resume from the last flush (a few
-//! deliveries may be counted again when their events are sent again: at least once).
+//! Invariants: a stored time of 0 means none, so the epoch itself survives a round trip; a
+//! field name this build does not know (written by a later one) is ignored, never an error.
+//! When these are taken and given back is the sink's business (`sink.rs`), under its lock.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 
 use geodwell_core::time::Ts;
 
-use super::{DeadLetter, Sink};
+use super::status::DeadLetter;
 
 /// The persisted part of a sink's status.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -82,73 +81,6 @@ impl Stats {
     }
 }
 
-impl Sink {
-    /// Takes the changes the store has not seen.
-    pub(crate) fn take_unflushed(&self) -> Unflushed {
-        let mut st = self.lock();
-        Unflushed {
-            cursor: (st.persisted != Some(st.cursor)).then_some(st.cursor),
-            dead: std::mem::take(&mut st.dead_ops),
-            stats: Some(self.stats_of(&st)).filter(|s| *s != st.stats_persisted),
-        }
-    }
-
-    /// The store now holds `p`.
-    pub(crate) fn flushed(&self, p: &Unflushed) {
-        let mut st = self.lock();
-        if let Some(c) = p.cursor {
-            st.persisted = Some(c);
-        }
-        if let Some(s) = p.stats {
-            st.stats_persisted = s;
-        }
-    }
-
-    /// Committing `p` failed: keep its dead-letter changes for the next flush (behind any newer
-    /// change of the same seq). The cursor needs nothing: it is still unpersisted.
-    pub(crate) fn restore_unflushed(&self, p: Unflushed) {
-        let mut st = self.lock();
-        for (seq, op) in p.dead {
-            st.dead_ops.entry(seq).or_insert(op);
-        }
-    }
-
-    /// The sink with its counters and times restored from the store (counted as persisted).
-    pub(crate) fn with_stats(self, s: Stats) -> Sink {
-        self.sent.store(s.sent, Ordering::Relaxed);
-        self.failed.store(s.failed, Ordering::Relaxed);
-        self.retried.store(s.retried, Ordering::Relaxed);
-        self.dead_lettered.store(s.dead_lettered, Ordering::Relaxed);
-        self.dropped.store(s.dropped, Ordering::Relaxed);
-        {
-            let mut st = self.lock();
-            st.last_success_at = s.last_success_at;
-            st.last_failure_at = s.last_failure_at;
-            st.stats_persisted = s;
-        }
-        self
-    }
-
-    /// The counters and times now.
-    pub(crate) fn stats(&self) -> Stats {
-        let st = self.lock();
-        self.stats_of(&st)
-    }
-
-    /// The counters and times now, with `st` the locked state.
-    pub(super) fn stats_of(&self, st: &super::State) -> Stats {
-        Stats {
-            sent: self.sent.load(Ordering::Relaxed),
-            failed: self.failed.load(Ordering::Relaxed),
-            retried: self.retried.load(Ordering::Relaxed),
-            dead_lettered: self.dead_lettered.load(Ordering::Relaxed),
-            dropped: self.dropped.load(Ordering::Relaxed),
-            last_success_at: st.last_success_at,
-            last_failure_at: st.last_failure_at,
-        }
-    }
-}
-
 /// Changes the store has not seen yet.
 #[derive(Debug, Default)]
 pub(crate) struct Unflushed {
@@ -161,6 +93,7 @@ pub(crate) struct Unflushed {
 }
 
 impl Unflushed {
+    /// Whether there is nothing to write.
     pub(crate) fn is_empty(&self) -> bool {
         self.cursor.is_none() && self.dead.is_empty() && self.stats.is_none()
     }

@@ -1,4 +1,4 @@
-//! Issue 15 acceptance: geodwell as a 3-node cluster on a 3-node NATS JetStream cluster, every
+//! geodwell as a 3-node cluster on a 3-node NATS JetStream cluster, every
 //! process real (the machine's `nats-server`, the geodwell binary), on loopback ports of their
 //! own.
 //!
@@ -13,7 +13,9 @@
 //! 3. kill -9 of one NATS server (replicas 3), restarted;
 //! 4. a rolling restart of all three geodwell nodes;
 //! 5. a fence added and one deleted mid-trace through different nodes (the reference is then a
-//!    single-node service fed the same operations in the same order).
+//!    single-node service fed the same operations in the same order);
+//! 6. kill -9 of a node while a client keeps sending to a survivor, whose answers must not wait
+//!    for the failure detection.
 //!
 //! The scenarios run one at a time (a lock), each on fresh servers.
 
@@ -233,6 +235,41 @@ impl Cluster {
         }
     }
 
+    /// Waits until no node owns more than `ceil(16 / 3)` partitions, then checks that the start
+    /// moved each partition at most once after its first owner took it (no flapping).
+    async fn wait_balanced(&self) {
+        let t0 = Instant::now();
+        loop {
+            let mut count = [0usize; 3];
+            for p in 0..16 {
+                count[self.wait_owner(p).await] += 1;
+            }
+            if count.iter().all(|&c| c <= 6) {
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "ownership {count:?} of 16 over 3 nodes\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let logs: Vec<String> = self.nodes.iter().map(|n| n.log()).collect();
+        for p in 0..16 {
+            let field = format!("partition={p} ");
+            let taken = logs
+                .iter()
+                .flat_map(|l| l.lines())
+                .filter(|l| l.contains("partition taken") && l.contains(&field))
+                .count();
+            assert!(
+                (1..=2).contains(&taken),
+                "partition {p} was taken {taken} times at start\n{}",
+                self.logs()
+            );
+        }
+    }
+
     /// Sends `batch` to node `first` (then the next live ones) until one answers 2xx.
     async fn send(&self, first: usize, batch: &[Value]) -> Value {
         let t0 = Instant::now();
@@ -439,6 +476,78 @@ async fn kill_9_of_an_owner_mid_batch_loses_and_doubles_nothing() {
     c.nodes[victim].restart();
     c.send_range(2 * n / 3..n).await;
     c.check(next, &w.reference, "kill -9 of an owner").await;
+}
+
+/// A survivor's ingest while another node is killed: no answer waits for the failure detection
+/// (`lease_ttl`, 3 s here) or for the dead owner's outcomes beyond one short wait, no fix is late
+/// because of the stall, and the events are the reference's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_survivors_answers_do_not_wait_for_a_killed_nodes_takeover() {
+    let _one = scenario_env().await;
+    let w = workload();
+    let mut c = Cluster::start().await;
+    let n = w.batches.len();
+    c.send_range(0..n / 6).await;
+    // The survivor is node 0; the victim a node owning partitions (the first node up takes
+    // every partition, and hands the others their share once they have been live a lease's time).
+    let t0 = Instant::now();
+    let victim = loop {
+        let mut other = None;
+        for p in 0..16 {
+            let o = c.wait_owner(p).await;
+            if o != 0 {
+                other = Some(o);
+            }
+        }
+        if let Some(o) = other {
+            break o;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "node 0 kept every partition\n{}",
+            c.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    c.wait_settled(Duration::from_secs(60)).await;
+    c.wait_balanced().await;
+    c.nodes[victim].kill();
+    let killed = Instant::now();
+    let mut slowest = (Duration::ZERO, 0);
+    let mut i = n / 6;
+    // Through the failure detection and the takeover, and some more.
+    while i < n && killed.elapsed() < Duration::from_secs(10) {
+        // Paced, as a steady client: the sends span the failure detection and the takeover.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let t0 = Instant::now();
+        let rep = c.send(0, &w.batches[i]).await;
+        slowest = slowest.max((t0.elapsed(), i));
+        assert_eq!(rep["rejected"], 0, "{rep}");
+        assert_eq!(rep["late"], 0, "batch {i}: {rep}");
+        i += 1;
+    }
+    eprintln!(
+        "slowest answer of the survivor: {:?} (batch {}, {} batches in {:?} after the kill)",
+        slowest.0,
+        slowest.1,
+        i - n / 6,
+        killed.elapsed()
+    );
+    assert!(
+        killed.elapsed() > Duration::from_secs(6),
+        "the batches ran out before the takeover was over"
+    );
+    assert!(
+        slowest.0 < Duration::from_millis(1500),
+        "an answer of the survivor waited {:?} (batch {}) for the dead owner\n{}",
+        slowest.0,
+        slowest.1,
+        c.logs()
+    );
+    c.nodes[victim].restart();
+    c.send_range(i..n).await;
+    c.check(0, &w.reference, "kill -9 of a node, a survivor ingesting")
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
