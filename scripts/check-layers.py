@@ -18,6 +18,9 @@
    `#[cfg(test)]` module do not count) unless its opening `//!` says why (a line starting with
    `//! Why this file is long:`).
 
+6. No function of the partition runtime (`src/runtime/`, the two backends `src/shard/local.rs`
+   and `src/cluster/partition.rs`, and the core's `partition` module) is over 100 lines.
+
 Prints the module graph and exits 1 on any violation.
 """
 import json
@@ -231,6 +234,31 @@ def file_graph(sources, test_only):
     return graph
 
 
+RUNTIME = ("src/runtime/", "src/shard/local.rs", "src/cluster/partition.rs",
+           "crates/geodwell-core/src/partition/")
+FN = re.compile(r"^(\s*)(?:pub(?:\([^)]*\))?\s+)?(?:const\s+)?(?:async\s+)?(?:unsafe\s+)?fn\s+(\w+)")
+
+
+def long_functions(path, limit=100):
+    """The production functions of `path` over `limit` lines: (name, lines). A function runs
+    from its `fn` line to the first line that closes it at its own indentation (rustfmt's
+    layout)."""
+    lines = open(path, encoding="utf-8").read().splitlines()
+    lines = lines[: production_lines(lines)]
+    out = []
+    for i, l in enumerate(lines):
+        m = FN.match(l)
+        if not m or l.rstrip().endswith(";"):
+            continue
+        close = m.group(1) + "}"
+        for j in range(i + 1, len(lines)):
+            if lines[j] == close:
+                if j - i + 1 > limit:
+                    out.append((m.group(2), j - i + 1))
+                break
+    return out
+
+
 def main():
     problems = []
     mods = modules()
@@ -289,6 +317,12 @@ def main():
         reason = any(l.startswith("//! Why this file is long:") for l in lines[:40])
         if prod > 600 and not reason:
             problems.append(f"{os.path.relpath(path, ROOT)}: {prod} production lines (over 600, no reason at its top)")
+    for path in sources:
+        rel = os.path.relpath(path, ROOT)
+        if path in test_only or not rel.startswith(RUNTIME):
+            continue
+        for name, n in long_functions(path):
+            problems.append(f"{rel}: fn {name} is {n} lines (the runtime's functions stay within 100)")
     lib = open(os.path.join(SRC, "lib.rs"), encoding="utf-8").read()
     if "geodwell_sim" in lib:
         problems.append("src/lib.rs uses the simulator")

@@ -68,7 +68,7 @@ pub struct IngestReport {
 }
 
 /// Why an explicit watermark advance was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum AdvanceError {
     /// `time.clock = "live"`: the watermark follows the wall clock.
     #[error(
@@ -151,14 +151,17 @@ pub enum ReadError {
 }
 
 /// Why a whole batch could not be taken.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum BatchError {
     /// A shard queue is full: retry later.
+    #[error("the service is overloaded: a partition's queue is full")]
     Overloaded,
     /// The service is shutting down.
+    #[error("the service is shutting down")]
     ShuttingDown,
-    /// The state store cannot commit: nothing of this batch is acknowledged; retry later.
-    StoreUnavailable(String),
+    /// The durable log cannot take it: nothing of this batch is acknowledged; retry later.
+    #[error(transparent)]
+    StoreUnavailable(crate::events::publisher::LogError),
 }
 
 /// Validation, stamping and routing of fixes (one per service; shared by every transport).
@@ -324,11 +327,9 @@ impl Ingest {
                 Err(BatchError::Overloaded)
             }
             Err(SendError::Closed) => Err(BatchError::ShuttingDown),
-            Err(SendError::Unavailable) => {
+            Err(SendError::Unavailable(e)) => {
                 counter!(t::FIXES_REJECTED, "reason" => "store_unavailable").increment(1);
-                Err(BatchError::StoreUnavailable(
-                    "the state store does not take commits (a commit failed; it is probed every second)".into(),
-                ))
+                Err(BatchError::StoreUnavailable(e))
             }
         }
     }
@@ -375,7 +376,7 @@ impl Dispatched {
         for rx in replies {
             let outcomes = match rx.await {
                 Ok(Ok(outcomes)) => outcomes,
-                Ok(Err(PublishError::Store(msg))) => return Err(BatchError::StoreUnavailable(msg)),
+                Ok(Err(PublishError::Store(e))) => return Err(BatchError::StoreUnavailable(e)),
                 Ok(Err(PublishError::Closed)) | Err(_) => return Err(BatchError::ShuttingDown),
             };
             for (index, o) in outcomes {

@@ -207,7 +207,7 @@ pub async fn read_pointer(nats: &Nats, p: u16) -> Result<Option<(Pointer, u64)>,
     };
     let ptr = serde_json::from_slice(&v).map_err(|e| NatsError::Corrupt {
         what: format!("checkpoint pointer of partition {p}"),
-        detail: e.to_string(),
+        source: e.into(),
     })?;
     Ok(Some((ptr, rev)))
 }
@@ -369,7 +369,7 @@ pub async fn restore(sh: &Shared, p: u16) -> Result<(Driver, Option<Pointer>), N
         Ok((driver, ck)) if ck.input_seq == ptr.input_seq => Ok((driver, Some(ptr))),
         Ok(_) => Err(NatsError::Corrupt {
             what: format!("checkpoint {}", ptr.object),
-            detail: "its position is not the pointer's".into(),
+            source: "its position is not the pointer's".into(),
         }),
         Err(e) => {
             let Some((older, older_seq)) = ptr.previous.clone() else {
@@ -404,12 +404,12 @@ async fn restore_from(
         .map_err(|e| NatsError::request("decode a checkpoint", e))?
         .map_err(|e| NatsError::Corrupt {
             what: format!("checkpoint {object}"),
-            detail: e.0,
+            source: e.into(),
         })?;
     if ck.partition != p {
         return Err(NatsError::Corrupt {
             what: format!("checkpoint {object}"),
-            detail: format!("it is partition {}'s", ck.partition),
+            source: format!("it is partition {}'s", ck.partition).into(),
         });
     }
     let fence_pos = ck.fence_pos;
@@ -441,7 +441,7 @@ async fn restore_from(
     .map_err(|e| NatsError::request("restore a checkpoint", e))?
     .map_err(|e| NatsError::Corrupt {
         what: format!("checkpoint {object}"),
-        detail: e.to_string(),
+        source: e.into(),
     })?;
     Ok((driver, ck))
 }

@@ -137,7 +137,7 @@ async fn follow_once(
                         tracing::error!(seq, error = %e, "an events stream message is not an event; the log stops here");
                         return Err(NatsError::Corrupt {
                             what: format!("event {seq}"),
-                            detail: e.to_string(),
+                            source: e.into(),
                         });
                     }
                 }

@@ -266,9 +266,7 @@ impl FenceLog {
                 done => return done,
             }
         }
-        Err(FenceWriteError::Store(
-            "fence writes kept meeting other nodes' writes; try again".into(),
-        ))
+        Err(FenceWriteError::Contended)
     }
 
     /// One attempt: publish `changes` expecting the stream's last sequence to be `pos`.
@@ -279,7 +277,11 @@ impl FenceLog {
         check: &impl Fn(&FenceMap) -> Result<T, FenceWriteError>,
     ) -> Result<T, FenceWriteError> {
         let checked = check(&self.map)?;
-        let store = |e: &dyn std::fmt::Display| FenceWriteError::Store(e.to_string());
+        fn store<E: std::error::Error + Send + Sync + 'static>(
+            what: &'static str,
+        ) -> impl Fn(E) -> FenceWriteError {
+            move |e| FenceWriteError::Store(crate::events::publisher::LogError::stream(what, e))
+        }
         let payload = encode_fence_write(&changes);
         let mut msg = PublishMessage::build().expected_last_sequence(pos);
         if payload.len() + 4096 > self.nats.max_payload {
@@ -289,7 +291,7 @@ impl FenceLog {
                 .objects
                 .put(name.as_str(), &mut payload.as_slice())
                 .await
-                .map_err(|e| store(&e))?;
+                .map_err(store("store a large fence change"))?;
             let mut h = HeaderMap::new();
             h.insert(BLOB_HEADER, name.as_str());
             msg = msg.headers(h).payload(Bytes::new());
@@ -301,20 +303,20 @@ impl FenceLog {
             .js
             .send_publish(FENCES_SUBJECT, msg)
             .await
-            .map_err(|e| store(&e))?
+            .map_err(store("publish the fence change"))?
             .await;
         let c = match ack {
             Ok(a) => a.sequence,
             Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
                 return Err(FenceWriteError::Conflict);
             }
-            Err(e) => return Err(store(&e)),
+            Err(e) => return Err(store("publish the fence change")(e)),
         };
-        self.publish_markers(c).await.map_err(|e| store(&e))?;
+        self.publish_markers(c)
+            .await
+            .map_err(store("mark the fence change in every partition"))?;
         if !self.wait_applied(c, Duration::from_secs(30)).await {
-            return Err(FenceWriteError::Store(format!(
-                "fence change {c} is stored but this node has not applied it yet"
-            )));
+            return Err(FenceWriteError::NotApplied(c));
         }
         metrics::counter!(t::CLUSTER_FENCE_WRITES).increment(1);
         Ok(checked)
@@ -358,7 +360,7 @@ impl FenceLog {
         };
         let ptr: BasePointer = serde_json::from_slice(&v).map_err(|e| NatsError::Corrupt {
             what: "the fence snapshot pointer".into(),
-            detail: e.to_string(),
+            source: e.into(),
         })?;
         if ptr.pos <= self.base_pos() {
             return Ok(());
@@ -372,13 +374,13 @@ impl FenceLog {
         let bytes = read_object(&self.nats, &ptr.object).await?;
         let changes = decode_fence_write(&bytes).map_err(|e| NatsError::Corrupt {
             what: format!("fence snapshot {}", ptr.object),
-            detail: e.0,
+            source: e.into(),
         })?;
         let parsed = self
             .parse_changes(&changes)
             .map_err(|e| NatsError::Corrupt {
                 what: format!("fence snapshot {}", ptr.object),
-                detail: e,
+                source: e.into(),
             })?;
         let mut set = BTreeMap::new();
         Catalog::fold(&mut set, &parsed);
@@ -622,10 +624,11 @@ async fn follow_once(log: &FenceLog, stop: &CancellationToken) -> Result<(), Nat
             if log.applied() + 1 < seq {
                 return Err(NatsError::Corrupt {
                     what: FENCES_STREAM.into(),
-                    detail: format!(
+                    source: format!(
                         "fence changes {}..{seq} are gone and no snapshot covers them",
                         log.applied() + 1
-                    ),
+                    )
+                    .into(),
                 });
             }
             if seq <= log.applied() {
@@ -643,13 +646,13 @@ async fn follow_once(log: &FenceLog, stop: &CancellationToken) -> Result<(), Nat
         };
         let changes = decode_fence_write(&bytes).map_err(|e| NatsError::Corrupt {
             what: format!("fence change {seq}"),
-            detail: e.0,
+            source: e.into(),
         })?;
         let parsed = log
             .parse_changes(&changes)
             .map_err(|e| NatsError::Corrupt {
                 what: format!("fence change {seq}"),
-                detail: e,
+                source: e.into(),
             })?;
         log.apply(seq, parsed, blob);
     }

@@ -40,7 +40,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::nats::{Nats, REQUEST_TIMEOUT, in_subject, outcome_subject};
-use crate::events::publisher::{FixOutcome, PublishError, StepReply};
+use crate::events::publisher::{FixOutcome, LogError, PublishError, StepReply};
 use crate::shard::{SendError, StampedFix};
 use crate::telemetry as t;
 use geodwell_core::codec::{DecodeError, Reader, put_uv};
@@ -444,8 +444,9 @@ async fn answer(
         Err(e) => {
             counter!(t::CLUSTER_INGEST_FAILURES).increment(1);
             waits.forget(req);
-            let _ = job.reply.send(Err(PublishError::Store(format!(
-                "the partition's input did not acknowledge: {e}"
+            let _ = job.reply.send(Err(PublishError::Store(LogError::stream(
+                "the partition's input did not acknowledge",
+                e,
             ))));
             return;
         }

@@ -65,52 +65,59 @@ pub fn outcome_subject(node: &str) -> String {
     format!("geodwell.out.{node}")
 }
 
+/// The error a NATS client (or a decoder) gave.
+pub type Cause = Box<dyn std::error::Error + Send + Sync>;
+
 /// Why talking to NATS failed.
 #[derive(Debug, Error)]
 pub enum NatsError {
     /// No server could be reached.
-    #[error("cannot connect to NATS at {urls}: {detail}")]
+    #[error("cannot connect to NATS at {urls}: {source}")]
     Connect {
         /// The URLs tried.
         urls: String,
         /// The client's error.
-        detail: String,
+        #[source]
+        source: Cause,
     },
     /// The server has no JetStream.
     #[error("the NATS server at {0} does not run JetStream (start it with -js)")]
     NoJetStream(String),
     /// Creating or opening a stream, bucket or object store failed.
-    #[error("cannot set up {what} in JetStream: {detail}")]
+    #[error("cannot set up {what} in JetStream: {source}")]
     Setup {
         /// Which one.
         what: String,
         /// The server's or client's error.
-        detail: String,
+        #[source]
+        source: Cause,
     },
     /// A request failed.
-    #[error("{what}: {detail}")]
+    #[error("{what}: {source}")]
     Request {
         /// What was asked.
         what: String,
         /// The error.
-        detail: String,
+        #[source]
+        source: Cause,
     },
     /// A stored value does not decode.
-    #[error("{what} does not decode: {detail}")]
+    #[error("{what} does not decode: {source}")]
     Corrupt {
         /// What.
         what: String,
         /// Why.
-        detail: String,
+        #[source]
+        source: Cause,
     },
 }
 
 impl NatsError {
     /// A request error from any client error.
-    pub fn request(what: impl Into<String>, e: impl std::fmt::Display) -> NatsError {
+    pub fn request(what: impl Into<String>, e: impl Into<Cause>) -> NatsError {
         NatsError::Request {
             what: what.into(),
-            detail: e.to_string(),
+            source: e.into(),
         }
     }
 }
@@ -197,7 +204,7 @@ impl Nats {
             .await
             .map_err(|e| NatsError::Connect {
                 urls: urls.clone(),
-                detail: e.to_string(),
+                source: e.into(),
             })?;
         let info = client.server_info();
         if !info.jetstream {
@@ -224,25 +231,26 @@ impl Nats {
                 let v = meta
                     .get(CLUSTER_KEY)
                     .await
-                    .map_err(|e| setup("the cluster metadata", &e))?
+                    .map_err(|e| setup("the cluster metadata", e))?
                     .ok_or_else(|| NatsError::Corrupt {
                         what: "the cluster metadata".into(),
-                        detail: "missing right after it existed".into(),
+                        source: "missing right after it existed".into(),
                     })?;
                 serde_json::from_slice::<ClusterMeta>(&v).map_err(|e| NatsError::Corrupt {
                     what: "the cluster metadata".into(),
-                    detail: e.to_string(),
+                    source: e.into(),
                 })?
             }
-            Err(e) => return Err(setup("the cluster metadata", &e)),
+            Err(e) => return Err(setup("the cluster metadata", e)),
         };
         if stored.format != FORMAT {
             return Err(NatsError::Corrupt {
                 what: "the cluster metadata".into(),
-                detail: format!(
+                source: format!(
                     "the cluster was created with format {}, this build reads format {FORMAT}",
                     stored.format
-                ),
+                )
+                .into(),
             });
         }
         if stored.partitions != cfg.partitions {
@@ -281,7 +289,7 @@ impl Nats {
                 ..Default::default()
             })
             .await
-            .map_err(|e| setup(IN_STREAM, &e))?;
+            .map_err(|e| setup(IN_STREAM, e))?;
         let max_age = events_max_age.max(DUPLICATE_WINDOW);
         let events = js
             .get_or_create_stream(stream::Config {
@@ -299,7 +307,7 @@ impl Nats {
                 ..Default::default()
             })
             .await
-            .map_err(|e| setup(EVENTS_STREAM, &e))?;
+            .map_err(|e| setup(EVENTS_STREAM, e))?;
         let fences = js
             .get_or_create_stream(stream::Config {
                 name: FENCES_STREAM.into(),
@@ -313,7 +321,7 @@ impl Nats {
                 ..Default::default()
             })
             .await
-            .map_err(|e| setup(FENCES_STREAM, &e))?;
+            .map_err(|e| setup(FENCES_STREAM, e))?;
         let objects = object_bucket(&js, replicas).await?;
         Ok(Nats {
             max_payload: info.max_payload.max(64 * 1024),
@@ -359,10 +367,10 @@ fn lease_max_age(d: geodwell_core::time::Dur) -> Duration {
     Duration::from_millis(d.millis().max(1000) as u64)
 }
 
-fn setup(what: &str, e: &dyn std::fmt::Display) -> NatsError {
+fn setup(what: &str, e: impl Into<Cause>) -> NatsError {
     NatsError::Setup {
         what: what.to_string(),
-        detail: e.to_string(),
+        source: e.into(),
     }
 }
 
@@ -396,20 +404,20 @@ async fn object_bucket(
                 cfg.allow_direct = false;
                 js.update_stream(&cfg)
                     .await
-                    .map_err(|e| setup(OBJECTS, &e))?;
+                    .map_err(|e| setup(OBJECTS, e))?;
             }
         }
         Err(_) => {
             if let Err(e) = js.create_stream(config).await
                 && js.get_stream(&name).await.is_err()
             {
-                return Err(setup(OBJECTS, &e));
+                return Err(setup(OBJECTS, e));
             }
         }
     }
     js.get_object_store(OBJECTS)
         .await
-        .map_err(|e| setup(OBJECTS, &e))
+        .map_err(|e| setup(OBJECTS, e))
 }
 
 /// Opens key/value bucket `name`, creating its backing stream the way the client library lays
@@ -447,13 +455,13 @@ async fn kv_bucket(
         if js.get_key_value(name).await.is_err() {
             return Err(NatsError::Setup {
                 what: format!("key/value bucket {name}"),
-                detail: e.to_string(),
+                source: e.into(),
             });
         }
     }
     js.get_key_value(name).await.map_err(|e| NatsError::Setup {
         what: format!("key/value bucket {name}"),
-        detail: e.to_string(),
+        source: e.into(),
     })
 }
 

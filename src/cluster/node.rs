@@ -39,13 +39,13 @@ use super::assign::{owners, partition_key, rank};
 use super::checkpoint;
 use super::fences::FenceLog;
 use super::ingest::ClusterIngest;
-use super::lease::{Lease, Leases, Renewed, kv_entries};
+use super::lease::{Lease, Leases, Renewed};
 use super::nats::{Nats, NatsError, query_subject};
 use super::partition::{self, Control, Ended};
 use super::query;
 use super::shared::Shared;
 use super::status::{Board, Heartbeat};
-use crate::events::publisher::StepReply;
+use crate::events::publisher::{LogError, StepReply};
 use crate::shard::{
     BoxFuture, DevicePage, OccupantPage, Partitions, QueryError, SendError, StampedFix,
 };
@@ -281,10 +281,9 @@ impl ClusterPartitions {
     }
 
     async fn ask(&self, p: u16, req: query::Request) -> Result<Vec<u8>, QueryError> {
-        let unavailable = |e: &dyn std::fmt::Display| {
-            QueryError::Unavailable(format!(
-                "partition {p} has no reachable owner right now ({e}); retry shortly"
-            ))
+        let unavailable = |e: Box<dyn std::error::Error + Send + Sync>| QueryError::NoOwner {
+            partition: p,
+            source: e,
         };
         let ask = self
             .nats
@@ -292,8 +291,8 @@ impl ClusterPartitions {
             .request(query_subject(p), req.encode().into());
         match tokio::time::timeout(QUERY_TIMEOUT, ask).await {
             Ok(Ok(m)) => Ok(m.payload.to_vec()),
-            Ok(Err(e)) => Err(unavailable(&e)),
-            Err(_) => Err(unavailable(&"no answer")),
+            Ok(Err(e)) => Err(unavailable(Box::new(e))),
+            Err(_) => Err(unavailable("no answer".into())),
         }
     }
 }
@@ -323,7 +322,7 @@ impl Partitions for ClusterPartitions {
         Box::pin(async move {
             let p = crate::shard::shard_of(&id, self.len()) as u16;
             let body = self.ask_any(p, query::Request::Device { id }).await?;
-            query::decode_device(&body).map_err(QueryError::Unavailable)
+            query::decode_device(&body).map_err(QueryError::BadAnswer)
         })
     }
 
@@ -338,7 +337,7 @@ impl Partitions for ClusterPartitions {
             let body = self
                 .ask_any(p as u16, query::Request::Page { from, limit })
                 .await?;
-            query::decode_page(&body).map_err(QueryError::Unavailable)
+            query::decode_page(&body).map_err(QueryError::BadAnswer)
         })
     }
 
@@ -356,7 +355,7 @@ impl Partitions for ClusterPartitions {
                 limit: limit.min(query::MAX_PAGE),
             };
             let body = self.ask_any(p as u16, req).await?;
-            query::decode_occupants(&body).map_err(QueryError::Unavailable)
+            query::decode_occupants(&body).map_err(QueryError::BadAnswer)
         })
     }
 
@@ -372,9 +371,10 @@ impl Partitions for ClusterPartitions {
                 ids: vec![id],
             }));
             // Stored (replicated) before the answer; the owner applies it when it reads it.
-            let unavailable = |e: &dyn std::fmt::Display| {
-                QueryError::Unavailable(format!(
-                    "partition {p}'s input did not take the removal ({e}); retry shortly"
+            let not_taken = |e| {
+                QueryError::Log(LogError::stream(
+                    "the partition's input did not take the removal",
+                    e,
                 ))
             };
             let ack = self
@@ -382,11 +382,15 @@ impl Partitions for ClusterPartitions {
                 .js
                 .publish(super::nats::in_subject(p), rec.into())
                 .await
-                .map_err(|e| unavailable(&e))?;
+                .map_err(not_taken)?;
             tokio::time::timeout(QUERY_TIMEOUT * 4, ack)
                 .await
-                .map_err(|_| unavailable(&"no acknowledgement"))?
-                .map_err(|e| unavailable(&e))?;
+                .map_err(|_| {
+                    not_taken(async_nats::jetstream::context::PublishError::new(
+                        async_nats::jetstream::context::PublishErrorKind::TimedOut,
+                    ))
+                })?
+                .map_err(not_taken)?;
             Ok(true)
         })
     }
@@ -408,9 +412,7 @@ impl Partitions for ClusterPartitions {
                     return Ok(());
                 }
                 if tokio::time::Instant::now() >= deadline {
-                    return Err(QueryError::Unavailable(
-                        "the cluster has not taken the new watermark yet (NATS unreachable?); retry shortly".into(),
-                    ));
+                    return Err(QueryError::WatermarkPending);
                 }
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             }
@@ -423,7 +425,7 @@ impl Partitions for ClusterPartitions {
                 fence: fence.to_string(),
             };
             let body = self.ask_any(p as u16, req).await?;
-            query::decode_inside(&body).map_err(QueryError::Unavailable)
+            query::decode_inside(&body).map_err(QueryError::BadAnswer)
         })
     }
 }
@@ -459,15 +461,84 @@ impl std::fmt::Debug for SinkNames {
     }
 }
 
-/// The nodes live now (their heartbeats), by id.
-pub async fn live_nodes(nats: &Nats) -> Result<BTreeMap<String, Heartbeat>, NatsError> {
-    let mut out = BTreeMap::new();
-    for (key, value, _) in kv_entries(&nats.nodes).await? {
-        if let Ok(h) = serde_json::from_slice::<Heartbeat>(&value) {
-            out.insert(key, h);
+/// The nodes bucket as it is now: the live heartbeats by node, and the nodes whose heartbeat
+/// was deleted (a graceful stop).
+async fn read_nodes(nats: &Nats) -> Result<(BTreeMap<String, Heartbeat>, Vec<String>), NatsError> {
+    let prefix = format!("$KV.{}.", nats.nodes.name);
+    let msgs = super::lease::read_stream(
+        &nats.nodes.stream,
+        &format!("{prefix}>"),
+        async_nats::jetstream::consumer::DeliverPolicy::LastPerSubject,
+    )
+    .await?;
+    let (mut live, mut departed) = (BTreeMap::new(), Vec::new());
+    for m in msgs {
+        let Some(key) = m.subject.strip_prefix(&prefix).map(str::to_string) else {
+            continue;
+        };
+        let deleted = m
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("KV-Operation"))
+            .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE");
+        if deleted {
+            departed.push(key);
+        } else if let Ok(h) = serde_json::from_slice::<Heartbeat>(&m.payload) {
+            live.insert(key, h);
         }
     }
-    Ok(out)
+    Ok((live, departed))
+}
+
+/// This node's view of the live set: a node seen in a read of the nodes bucket within the last
+/// lease lifetime, unless its heartbeat was deleted since (a graceful stop). One read may miss
+/// an entry that is being rewritten; a view that followed each read would flicker, and a
+/// partition freed meanwhile would go to the wrong node.
+#[derive(Debug, Default)]
+struct View {
+    /// Per node: when this node first and last saw it.
+    seen: HashMap<String, (Instant, Instant)>,
+}
+
+impl View {
+    /// Takes a read (`read`: the heartbeats found, `departed`: those deleted); returns the live
+    /// set, logging joins and departures.
+    fn update(
+        &mut self,
+        me: &str,
+        read: &[String],
+        departed: &[String],
+        ttl: Duration,
+    ) -> Vec<String> {
+        let now = Instant::now();
+        for n in read.iter().map(String::as_str).chain(std::iter::once(me)) {
+            let e = self.seen.entry(n.to_string()).or_insert_with(|| {
+                if n != me {
+                    tracing::info!(node = %n, "a node joined the cluster");
+                }
+                (now, now)
+            });
+            e.1 = now;
+        }
+        self.seen.retain(|n, (_, last)| {
+            let gone = departed.contains(n) || last.elapsed() >= ttl;
+            if gone && n != me {
+                tracing::warn!(node = %n, "a node left the cluster (its heartbeat expired or it stopped); its partitions are taken over once their leases expire");
+            }
+            !gone || n == me
+        });
+        self.seen.keys().cloned().collect()
+    }
+
+    /// Whether the live set has not changed for `ttl`.
+    fn settled(&self, ttl: Duration) -> bool {
+        self.seen.values().all(|(first, _)| first.elapsed() >= ttl)
+    }
+}
+
+/// The nodes live now (their heartbeats), by id.
+pub async fn live_nodes(nats: &Nats) -> Result<BTreeMap<String, Heartbeat>, NatsError> {
+    Ok(read_nodes(nats).await?.0)
 }
 
 /// The lease key of partition `p`.
@@ -480,7 +551,7 @@ pub async fn run_membership(m: Membership, ready: watch::Sender<bool>, stop: Can
     let ttl = m.nats.lease_ttl;
     let every = (ttl / 3).min(Duration::from_secs(1));
     let mut free_since: HashMap<u16, Instant> = HashMap::new();
-    let mut first_seen: HashMap<String, Instant> = HashMap::new();
+    let mut view = View::default();
     let mut round: u64 = 0;
     // A lease released anywhere starts a round at once (expiry is seen by the rounds).
     let kick_watch = {
@@ -507,7 +578,7 @@ pub async fn run_membership(m: Membership, ready: watch::Sender<bool>, stop: Can
     };
     loop {
         round += 1;
-        if let Err(e) = membership_round(&m, &mut free_since, &mut first_seen, round).await {
+        if let Err(e) = membership_round(&m, &mut free_since, &mut view, round).await {
             tracing::warn!(error = %e, "cluster membership round failed");
         } else {
             ready.send_if_modified(|r| !std::mem::replace(r, true));
@@ -524,7 +595,7 @@ pub async fn run_membership(m: Membership, ready: watch::Sender<bool>, stop: Can
 async fn membership_round(
     m: &Membership,
     free_since: &mut HashMap<u16, Instant>,
-    first_seen: &mut HashMap<String, Instant>,
+    view: &mut View,
     round: u64,
 ) -> Result<(), NatsError> {
     let rt = &m.runtime;
@@ -571,36 +642,19 @@ async fn membership_round(
     }
     rt.reap().await;
     // 3. Who is live, who holds what.
-    let live = live_nodes(&m.nats).await?;
+    let (live, departed) = read_nodes(&m.nats).await?;
     m.lags.set_all(
         live.values()
             .flat_map(|h| h.partitions.iter().map(|s| (s.partition, s.lag_records))),
     );
-    let mut nodes: Vec<String> = live.keys().cloned().collect();
-    if !nodes.contains(&m.node) {
-        nodes.push(m.node.clone());
-    }
+    let read: Vec<String> = live.keys().cloned().collect();
+    let nodes = view.update(&m.node, &read, &departed, ttl);
     let now = Instant::now();
-    first_seen.retain(|n, _| {
-        let live = nodes.contains(n);
-        if !live {
-            tracing::warn!(node = %n, "a node left the cluster (its heartbeat expired or it stopped); its partitions are taken over once their leases expire");
-        }
-        live
-    });
-    for n in &nodes {
-        first_seen.entry(n.clone()).or_insert_with(|| {
-            if *n != m.node {
-                tracing::info!(node = %n, "a node joined the cluster");
-            }
-            now
-        });
-    }
     let holders = rt.leases.holders().await?;
     tracing::debug!(round, holders = ?holders, nodes = ?nodes, "membership round");
     let mine = rt.owned();
     let assigned = owners(m.nats.partitions, &nodes);
-    let settled = first_seen.values().all(|t| t.elapsed() >= ttl);
+    let settled = view.settled(ttl);
     for p in 0..m.nats.partitions {
         let order = rank(&partition_key(p), &nodes);
         let owner = assigned.get(usize::from(p)).copied();

@@ -295,7 +295,7 @@ impl Partition {
         let input =
             record::decode(&m.payload, self.sh.max_device_len).map_err(|e| NatsError::Corrupt {
                 what: format!("input record {pos} of partition {}", self.p),
-                detail: e.0,
+                source: e.into(),
             })?;
         if let Input::Fences(c) = input
             && !self.sh.fences.wait_applied(c, FENCE_WAIT).await

@@ -196,8 +196,8 @@ pub fn answer_occupancy(engine: &Engine, req: &Request) -> Option<Vec<u8>> {
 }
 
 /// Decodes the answer to an `Occupants` query.
-pub fn decode_occupants(b: &[u8]) -> Result<(Vec<Occupant>, Option<u32>), String> {
-    let a: WireOccupants = serde_json::from_slice(b).map_err(|e| e.to_string())?;
+pub fn decode_occupants(b: &[u8]) -> Result<(Vec<Occupant>, Option<u32>), serde_json::Error> {
+    let a: WireOccupants = serde_json::from_slice(b)?;
     Ok((
         a.occupants
             .into_iter()
@@ -212,8 +212,8 @@ pub fn decode_occupants(b: &[u8]) -> Result<(Vec<Occupant>, Option<u32>), String
 }
 
 /// Decodes the answer to an `Inside` query.
-pub fn decode_inside(b: &[u8]) -> Result<u64, String> {
-    let a: WireInside = serde_json::from_slice(b).map_err(|e| e.to_string())?;
+pub fn decode_inside(b: &[u8]) -> Result<u64, serde_json::Error> {
+    let a: WireInside = serde_json::from_slice(b)?;
     Ok(a.inside)
 }
 
@@ -245,8 +245,8 @@ pub fn encode_device(d: Option<DeviceView>) -> Vec<u8> {
 }
 
 /// Decodes the answer to a device query (`Err`: not one).
-pub fn decode_device(b: &[u8]) -> Result<Option<DeviceView>, String> {
-    let a: WireDeviceAnswer = serde_json::from_slice(b).map_err(|e| e.to_string())?;
+pub fn decode_device(b: &[u8]) -> Result<Option<DeviceView>, serde_json::Error> {
+    let a: WireDeviceAnswer = serde_json::from_slice(b)?;
     Ok(a.device.map(|d| DeviceView {
         id: Arc::from(d.id.as_str()),
         last_fix_at: d.last_fix_at.map(Ts),
@@ -293,8 +293,8 @@ pub fn encode_page(page: &[DeviceSummary], next: Option<u32>) -> Vec<u8> {
 }
 
 /// Decodes a page of devices.
-pub fn decode_page(b: &[u8]) -> Result<(Vec<DeviceSummary>, Option<u32>), String> {
-    let p: WirePage = serde_json::from_slice(b).map_err(|e| e.to_string())?;
+pub fn decode_page(b: &[u8]) -> Result<(Vec<DeviceSummary>, Option<u32>), serde_json::Error> {
+    let p: WirePage = serde_json::from_slice(b)?;
     Ok((
         p.devices
             .into_iter()

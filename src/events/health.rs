@@ -15,10 +15,12 @@
 //! refused request carried is ever applied to the state that is committed or published.
 
 use std::collections::BTreeSet;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
+
+use crate::store::StoreError;
 
 /// Where the store stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +44,7 @@ pub struct StoreHealth {
     /// Bumped at every failure: a checkpoint round spanning one is dropped.
     failures: AtomicU64,
     /// Why the last commit failed, for the 503s.
-    reason: Mutex<String>,
+    reason: Mutex<Option<Arc<StoreError>>>,
 }
 
 impl Default for StoreHealth {
@@ -52,7 +54,7 @@ impl Default for StoreHealth {
             dirty: Mutex::new(BTreeSet::new()),
             recovered: watch::Sender::new(0),
             failures: AtomicU64::new(0),
-            reason: Mutex::new(String::new()),
+            reason: Mutex::new(None),
         }
     }
 }
@@ -73,7 +75,7 @@ impl StoreHealth {
     }
 
     /// Why the store does not take input (the last commit error).
-    pub fn reason(&self) -> String {
+    pub fn reason(&self) -> Option<Arc<StoreError>> {
         self.reason
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -86,8 +88,8 @@ impl StoreHealth {
     }
 
     /// A commit failed because of `why`.
-    pub fn failed(&self, why: String) {
-        *self.reason.lock().unwrap_or_else(|p| p.into_inner()) = why;
+    pub fn failed(&self, why: Arc<StoreError>) {
+        *self.reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
         self.failures.fetch_add(1, Ordering::AcqRel);
         self.state.store(1, Ordering::Release);
     }
@@ -151,7 +153,7 @@ mod tests {
     fn a_failure_heals_once_every_marked_partition_rebuilt() {
         let h = StoreHealth::default();
         assert!(h.healthy());
-        h.failed("no space".into());
+        h.failed(Arc::new(StoreError::Applying("no space".into())));
         h.mark(1);
         h.mark(3);
         assert_eq!(h.state(), StoreState::Failing);
@@ -162,7 +164,7 @@ mod tests {
         h.rebuilt(3);
         assert!(h.healthy());
         assert_eq!(h.failures(), 1);
-        h.failed("again".into());
+        h.failed(Arc::new(StoreError::Applying("again".into())));
         h.probe_committed();
         assert!(h.healthy(), "nothing to rebuild: healthy at once");
     }

@@ -37,7 +37,7 @@ use crate::telemetry as t;
 use geodwell_core::event::Event;
 use geodwell_core::time::Ts;
 
-pub use super::step::{FixOutcome, InputRecord, PublishError, Step, StepReply};
+pub use super::step::{FixOutcome, InputRecord, LogError, PublishError, Step, StepReply};
 
 /// Sends steps to the publisher task.
 #[derive(Debug, Clone)]
@@ -345,7 +345,7 @@ impl Run {
         if let Some(k) = s.partition {
             self.health.mark(k);
         }
-        let err = PublishError::Store(self.health.reason());
+        let err = PublishError::Store(LogError::Failing(self.health.reason()));
         if let Some((tx, _)) = s.reply {
             let _ = tx.send(Err(err.clone()));
         }
@@ -432,7 +432,7 @@ impl Run {
         if let Some(store) = self.cfg.store.clone()
             && let Err(e) = self.write(&*store)
         {
-            self.failed(&e);
+            self.failed(e);
             return false;
         }
         self.committed_max_seen = self.p.max_seen;
@@ -475,15 +475,15 @@ impl Run {
 
     /// A commit failed: its waiters get a 503, what it held is dropped and its partitions
     /// rebuild; the store is probed from now on.
-    fn failed(&mut self, e: &crate::store::StoreError) {
+    fn failed(&mut self, e: crate::store::StoreError) {
         counter!(t::STORE_COMMIT_FAILURES).increment(1);
         if self.health.state() != StoreState::Failing {
             tracing::error!(error = %e, "state store commit failed; refusing input until it commits again (probed every second)");
         }
-        self.health.failed(e.to_string());
-        let p = std::mem::take(&mut self.p);
-        let mut p = p;
-        p.refuse(&PublishError::Store(e.to_string()));
+        let e = Arc::new(e);
+        self.health.failed(e.clone());
+        let mut p = std::mem::take(&mut self.p);
+        p.refuse(&PublishError::Store(LogError::Commit(e)));
         for k in &p.partitions {
             self.health.mark(*k);
         }

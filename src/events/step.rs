@@ -3,23 +3,58 @@
 //! Invariant: a step is committed, published and answered whole, or refused whole (its waiters
 //! get a [`PublishError`]); nothing of a refused step is stored or published.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::oneshot;
 
+use crate::store::StoreError;
 use geodwell_core::engine::{IngestError, Ingested};
 use geodwell_core::event::Event;
 use geodwell_core::time::Ts;
 
 /// Why a step's reply is an error.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum PublishError {
-    /// The store could not commit; the data is kept and retried.
-    #[error("the state store cannot commit: {0}")]
-    Store(String),
+    /// The durable log did not take the step; nothing of it is stored or applied.
+    #[error(transparent)]
+    Store(#[from] LogError),
     /// The publisher is gone (shutdown).
     #[error("the service is shutting down")]
     Closed,
+}
+
+/// Why the durable log did not take input, whichever backend holds it: what a 503
+/// `store_unavailable` carries. Cheap to clone (one error reaches every waiter of a commit).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LogError {
+    /// A commit of the local store failed (nothing of it is stored).
+    #[error("a commit of the state store failed: {0}")]
+    Commit(#[source] Arc<StoreError>),
+    /// The local store failed a commit and takes no input until a probe commits and the
+    /// partitions that held refused steps have rebuilt.
+    #[error("the state store does not take commits since a commit failed (it is probed every second){}", .0.as_ref().map(|e| format!(": {e}")).unwrap_or_default())]
+    Failing(#[source] Option<Arc<StoreError>>),
+    /// A cluster's stream did not take it (no acknowledgement: a leader election, a lost
+    /// quorum, a server gone).
+    #[error("{what}: {source}")]
+    Stream {
+        /// What was asked of the stream.
+        what: &'static str,
+        /// The client's error.
+        #[source]
+        source: Arc<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl LogError {
+    /// A stream error of a cluster.
+    pub fn stream(what: &'static str, e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        LogError::Stream {
+            what,
+            source: Arc::new(e),
+        }
+    }
 }
 
 /// The outcome of one fix, by its index in the request.

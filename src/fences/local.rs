@@ -185,7 +185,7 @@ async fn persist(publisher: &Publisher, mut step: Step) -> Result<(), FenceWrite
         .map_err(|_| FenceWriteError::ShuttingDown)?;
     match rx.await {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(PublishError::Store(msg))) => Err(FenceWriteError::Store(msg)),
+        Ok(Err(PublishError::Store(e))) => Err(FenceWriteError::Store(e)),
         Ok(Err(PublishError::Closed)) | Err(_) => Err(FenceWriteError::ShuttingDown),
     }
 }

@@ -31,12 +31,19 @@ pub enum FenceWriteError {
     /// No fence with this id.
     #[error("no fence with id {0:?}")]
     NotFound(String),
-    /// The store cannot commit; nothing changed.
-    #[error("the state store cannot commit: {0}")]
-    Store(String),
+    /// The durable log cannot take the change; nothing changed.
+    #[error(transparent)]
+    Store(#[from] crate::events::publisher::LogError),
     /// The service is shutting down.
     #[error("the service is shutting down")]
     ShuttingDown,
+    /// A cluster node's writes kept meeting other nodes' writes; nothing changed.
+    #[error("fence writes kept meeting other nodes' writes; try again")]
+    Contended,
+    /// A cluster node stored the change, and has not applied it itself in time: it is durable
+    /// and reaches every partition; the read copy of this node follows.
+    #[error("fence change {0} is stored but this node has not applied it yet")]
+    NotApplied(u64),
     /// A cluster node's write met another node's write first (retried internally; seen by
     /// callers only when seeding).
     #[error("another fence write came first")]

@@ -192,6 +192,63 @@ async fn discard(mut body: Body) {
     while let Some(Ok(_)) = body.frame().await {}
 }
 
+/// What a route's body is: the content types it takes and how much budget it holds.
+pub trait BodyKind: Send {
+    /// The content types taken.
+    const ACCEPT: Accept;
+    /// The budget held per byte read.
+    const HOLD: Hold;
+}
+
+/// A JSON body parsed into a tree (fences, webhooks, the watermark, OwnTracks).
+#[derive(Debug)]
+pub struct JsonBody;
+
+impl BodyKind for JsonBody {
+    const ACCEPT: Accept = Accept::Json;
+    const HOLD: Hold = Hold::Tree;
+}
+
+/// A batch of fixes, JSON or NDJSON, charged as it is parsed.
+#[derive(Debug)]
+pub struct FixesBody;
+
+impl BodyKind for FixesBody {
+    const ACCEPT: Accept = Accept::JsonOrNdjson;
+    const HOLD: Hold = Hold::Bytes;
+}
+
+/// A tracker's body: JSON or an HTML form.
+#[derive(Debug)]
+pub struct TrackerBody;
+
+impl BodyKind for TrackerBody {
+    const ACCEPT: Accept = Accept::JsonOrForm;
+    const HOLD: Hold = Hold::Tree;
+}
+
+/// The extractor every handler that takes a body uses: the body of kind `K`, read by [`read`]
+/// within the service's limits (it must be the handler's last argument).
+#[derive(Debug)]
+pub struct Read<K>(pub ReadBody, pub std::marker::PhantomData<K>);
+
+impl<K: BodyKind> axum::extract::FromRequest<std::sync::Arc<AppState>> for Read<K> {
+    type Rejection = ApiError;
+
+    async fn from_request(
+        req: axum::extract::Request,
+        st: &std::sync::Arc<AppState>,
+    ) -> Result<Self, ApiError> {
+        let (parts, body) = req.into_parts();
+        let limits = BodyLimits {
+            hold: K::HOLD,
+            ..BodyLimits::of(st)
+        };
+        let read = read(&parts.headers, body, K::ACCEPT, &limits).await?;
+        Ok(Read(read, std::marker::PhantomData))
+    }
+}
+
 /// Reads `body` within `limits`, checking the content type first when it declares a body.
 pub async fn read(
     headers: &HeaderMap,

@@ -181,6 +181,19 @@ impl ApiError {
         }
     }
 
+    /// 503 `store_unavailable`: the durable log did not take the request; nothing of it is
+    /// acknowledged.
+    pub fn store_unavailable(why: &dyn std::fmt::Display) -> ApiError {
+        ApiError {
+            retry_after: Some(1),
+            ..ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                format!("the request was not acknowledged: {why}"),
+            )
+        }
+    }
+
     /// 503: shutting down.
     pub fn shutting_down() -> ApiError {
         ApiError {
@@ -244,8 +257,11 @@ impl From<crate::shard::QueryError> for ApiError {
     fn from(e: crate::shard::QueryError) -> ApiError {
         match e {
             crate::shard::QueryError::Closed => ApiError::shutting_down(),
-            crate::shard::QueryError::Unavailable(msg) => {
-                ApiError::unavailable("partition_unavailable", msg)
+            crate::shard::QueryError::Log(e) => ApiError::store_unavailable(&e),
+            crate::shard::QueryError::NoOwner { .. }
+            | crate::shard::QueryError::BadAnswer(_)
+            | crate::shard::QueryError::WatermarkPending => {
+                ApiError::unavailable("partition_unavailable", e.to_string())
             }
         }
     }
@@ -256,14 +272,7 @@ impl From<crate::ingest::BatchError> for ApiError {
         match e {
             crate::ingest::BatchError::Overloaded => ApiError::overloaded(),
             crate::ingest::BatchError::ShuttingDown => ApiError::shutting_down(),
-            crate::ingest::BatchError::StoreUnavailable(msg) => ApiError {
-                retry_after: Some(1),
-                ..ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "store_unavailable",
-                    format!("the batch was not acknowledged: {msg}"),
-                )
-            },
+            crate::ingest::BatchError::StoreUnavailable(e) => ApiError::store_unavailable(&e),
         }
     }
 }

@@ -4,10 +4,9 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::openapi::{RefOr, schema::Schema};
@@ -20,7 +19,7 @@ use axum::extract::rejection::QueryRejection;
 
 use crate::fences::{FenceWriteError, Stored};
 use crate::http::auth::Refused;
-use crate::http::body::{self, Accept};
+use crate::http::body::{JsonBody, Read};
 use crate::http::error::{ApiError, ErrorBody, ErrorDetails, FenceProblem};
 use crate::http::events::parse_u64;
 use crate::http::openapi::{FenceBody, FenceCollection, FenceFeature};
@@ -114,8 +113,10 @@ impl From<FenceWriteError> for ApiError {
                 ApiError::unprocessable("too_many_fences", e.to_string())
             }
             FenceWriteError::NotFound(_) => ApiError::not_found("fence_not_found", e.to_string()),
-            FenceWriteError::Store(msg) => BatchError::StoreUnavailable(msg).into(),
-            FenceWriteError::Conflict => BatchError::StoreUnavailable(e.to_string()).into(),
+            FenceWriteError::Store(e) => BatchError::StoreUnavailable(e).into(),
+            FenceWriteError::Conflict
+            | FenceWriteError::Contended
+            | FenceWriteError::NotApplied(_) => ApiError::store_unavailable(&e),
             FenceWriteError::ShuttingDown => ApiError::shutting_down(),
         }
     }
@@ -139,11 +140,11 @@ impl From<FenceWriteError> for ApiError {
 pub async fn put_fence(
     State(st): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
-    body: Body,
+    body: Result<Read<JsonBody>, ApiError>,
 ) -> Result<(StatusCode, Json<FenceOut>), ApiError> {
+    // A bad id is answered before a bad body.
     let Path(id) = path?;
-    let body = body::read(&headers, body, Accept::Json, &body::BodyLimits::of(&st)).await?;
+    let Read(body, _) = body?;
     let text = std::str::from_utf8(&body.bytes)
         .map_err(|e| ApiError::bad_request("bad_body", e.to_string()))?;
     let feature = match parse_geojson(text)? {
@@ -181,10 +182,8 @@ pub async fn put_fence(
     ))]
 pub async fn post_fences(
     State(st): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: Body,
+    Read(body, _): Read<JsonBody>,
 ) -> Result<(StatusCode, Json<FencesWritten>), ApiError> {
-    let body = body::read(&headers, body, Accept::Json, &body::BodyLimits::of(&st)).await?;
     let text = std::str::from_utf8(&body.bytes)
         .map_err(|e| ApiError::bad_request("bad_body", e.to_string()))?;
     let fences = st.fences().validate_geojson(&parse_geojson(text)?)?;

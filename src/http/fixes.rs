@@ -3,12 +3,11 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 
 use crate::http::auth::Refused;
-use crate::http::body::{self, Accept};
+use crate::http::body::{self, FixesBody, Read};
 use crate::http::error::{ApiError, ErrorBody, ErrorDetails};
 use crate::http::openapi::FixBody;
 use crate::ingest::IngestReport;
@@ -119,16 +118,9 @@ pub fn check_batch(n: usize, max: usize) -> Result<(), ApiError> {
 pub async fn post_fixes(
     State(st): State<Arc<AppState>>,
     headers: HeaderMap,
-    body: Body,
-) -> Result<Json<IngestReport>, ApiError> {
     // The reservation is held until the answer: the batch counts while it waits for the shards.
-    let mut body = body::read(
-        &headers,
-        body,
-        Accept::JsonOrNdjson,
-        &body::BodyLimits::of(&st).bytes_only(),
-    )
-    .await?;
+    Read(mut body, _): Read<FixesBody>,
+) -> Result<Json<IngestReport>, ApiError> {
     let fixes = read_fixes(&st, &headers, &mut body)?;
     let report = st.ingest().submit("http", fixes).await?;
     drop(body);

@@ -180,8 +180,8 @@ fn batch_error(e: BatchError) -> Vec<Message> {
             error_frame("overloaded", "ingest queues are full; reconnect and retry"),
             close(close_code::AGAIN, "overloaded"),
         ],
-        BatchError::StoreUnavailable(msg) => vec![
-            error_frame("store_unavailable", &msg),
+        BatchError::StoreUnavailable(e) => vec![
+            error_frame("store_unavailable", &e.to_string()),
             close(close_code::AGAIN, "state store unavailable"),
         ],
         BatchError::ShuttingDown => vec![close(close_code::AWAY, "server shutting down")],

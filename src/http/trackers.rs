@@ -16,7 +16,6 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::body::Body;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use serde_json::Value;
@@ -26,7 +25,7 @@ use utoipa::{PartialSchema, ToSchema};
 
 use crate::config::ClockMode;
 use crate::http::auth::Refused;
-use crate::http::body::{self, Accept};
+use crate::http::body::{JsonBody, Read, TrackerBody};
 use crate::http::error::{ApiError, ErrorBody, ErrorDetails};
 use crate::http::fixes::check_batch;
 use crate::http::openapi::OwnTracksMessage as OwnTracksBody;
@@ -142,15 +141,8 @@ pub async fn osmand(
     State(st): State<Arc<AppState>>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
-    body: Body,
+    Read(read, _): Read<TrackerBody>,
 ) -> Result<Json<IngestReport>, ApiError> {
-    let read = body::read(
-        &headers,
-        body,
-        Accept::JsonOrForm,
-        &body::BodyLimits::of(&st),
-    )
-    .await?;
     let body = &read.bytes;
     let arrival = arrival_time(&st);
     let fixes = if !body.is_empty() && is_json_body(&headers, body) {
@@ -204,9 +196,8 @@ pub async fn owntracks(
     State(st): State<Arc<AppState>>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
-    body: Body,
+    Read(read, _): Read<JsonBody>,
 ) -> Result<Json<Vec<Value>>, ApiError> {
-    let read = body::read(&headers, body, Accept::Json, &body::BodyLimits::of(&st)).await?;
     let body = &read.bytes;
     // The app POSTs a zero-length payload when a friend is deleted; the booklet says to ignore
     // it. A body of white space is not that message and is not JSON either: 400, like any other

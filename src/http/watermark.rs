@@ -9,16 +9,15 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use geodwell_core::time::Ts;
 use serde::Serialize;
 use serde_json::Value;
 use utoipa::ToSchema;
 
 use crate::http::auth::Refused;
-use crate::http::body::{self, Accept};
+use crate::http::body::{JsonBody, Read};
 use crate::http::error::{ApiError, ErrorBody};
 use crate::ingest::AdvanceError;
 use crate::state::AppState;
@@ -60,10 +59,8 @@ pub struct WatermarkOut {
     ))]
 pub async fn post_watermark(
     State(st): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: Body,
+    Read(body, _): Read<JsonBody>,
 ) -> Result<(StatusCode, Json<WatermarkOut>), ApiError> {
-    let body = body::read(&headers, body, Accept::Json, &body::BodyLimits::of(&st)).await?;
     let v: Value = serde_json::from_slice(&body.bytes)
         .map_err(|e| ApiError::bad_request("bad_body", format!("not JSON: {e}")))?;
     let to = parse_to(&v)?;

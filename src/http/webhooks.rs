@@ -8,16 +8,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::Json;
-use axum::body::Body;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use serde::Serialize;
 use serde_json::Value;
 use utoipa::ToSchema;
 
 use crate::http::auth::Refused;
-use crate::http::body::{self, Accept};
+use crate::http::body::{JsonBody, Read};
 use crate::http::error::{ApiError, ErrorBody, ErrorDetails, FieldProblem};
 use crate::http::openapi::{EventKindOut, EventOut, WebhookIn};
 use crate::state::AppState;
@@ -236,10 +235,8 @@ pub async fn list_webhooks(State(st): State<Arc<AppState>>) -> Json<WebhookList>
     ))]
 pub async fn create_webhook(
     State(st): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: Body,
+    Read(body, _): Read<JsonBody>,
 ) -> Result<(StatusCode, Json<WebhookOut>), ApiError> {
-    let body = body::read(&headers, body, Accept::Json, &body::BodyLimits::of(&st)).await?;
     let v: Value = serde_json::from_slice(&body.bytes).map_err(|e| {
         ApiError::bad_request("malformed_json", format!("body is not valid JSON: {e}"))
     })?;

@@ -121,7 +121,7 @@ pub fn shard_of(device: &str, shards: usize) -> usize {
 }
 
 /// Why a batch was not sent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum SendError {
     /// A shard's queue is full: retry later.
     Full,
@@ -129,7 +129,7 @@ pub enum SendError {
     Closed,
     /// The state store does not take commits (or partitions are rebuilding after it failed):
     /// nothing is queued; retry later.
-    Unavailable,
+    Unavailable(crate::events::publisher::LogError),
 }
 
 /// The shards are gone (shutdown).
@@ -138,15 +138,30 @@ pub enum SendError {
 pub struct Closed;
 
 /// Why a device query got no answer.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum QueryError {
     /// The service is shutting down.
     #[error("the service is shutting down")]
     Closed,
-    /// The partition holding the device has no reachable owner right now (a cluster node is
-    /// taking it over); retry shortly.
-    #[error("{0}")]
-    Unavailable(String),
+    /// The durable log did not take the request (a removal); nothing changed.
+    #[error(transparent)]
+    Log(#[from] crate::events::publisher::LogError),
+    /// A cluster's partition has no reachable owner right now (it is being taken over); retry
+    /// shortly.
+    #[error("partition {partition} has no reachable owner right now ({source}); retry shortly")]
+    NoOwner {
+        /// The partition.
+        partition: u16,
+        /// Why the request got no answer.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A cluster's partition owner answered something that does not decode.
+    #[error("a partition owner's answer does not decode: {0}")]
+    BadAnswer(#[source] serde_json::Error),
+    /// A cluster has not taken a new watermark yet (NATS unreachable?); retry shortly.
+    #[error("the cluster has not taken the new watermark yet (NATS unreachable?); retry shortly")]
+    WatermarkPending,
 }
 
 impl From<Closed> for QueryError {
@@ -457,7 +472,8 @@ impl LocalShards {
     ) -> Result<(), QueryError> {
         match rx.await {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(QueryError::Unavailable(e.to_string())),
+            Ok(Err(crate::events::publisher::PublishError::Store(e))) => Err(QueryError::Log(e)),
+            Ok(Err(crate::events::publisher::PublishError::Closed)) => Err(QueryError::Closed),
             Err(_) => Err(QueryError::Closed),
         }
     }
@@ -479,7 +495,9 @@ impl Partitions for LocalShards {
         stamp: &mut dyn FnMut(&mut [Vec<StampedFix>]),
     ) -> Result<Vec<PartReply>, SendError> {
         if !self.health.healthy() {
-            return Err(SendError::Unavailable);
+            return Err(SendError::Unavailable(
+                crate::events::publisher::LogError::Failing(self.health.reason()),
+            ));
         }
         let mut permits = Vec::new();
         for (k, fixes) in parts.iter().enumerate() {

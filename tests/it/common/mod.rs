@@ -506,6 +506,13 @@ pub fn listening_addr(child: &mut Child, rest: Option<std::sync::mpsc::Sender<St
         }
         seen.push(line);
     };
+    // The lines before the listening line belong to the log too (a cluster node takes
+    // partitions before it listens).
+    if let Some(tx) = &rest {
+        for l in seen {
+            let _ = tx.send(l);
+        }
+    }
     std::thread::spawn(move || {
         for l in lines.map_while(Result::ok) {
             if let Some(tx) = &rest {
