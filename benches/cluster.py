@@ -8,7 +8,9 @@ nodes as separate processes, then measures, in one run:
      `sync` store;
   2. single-fix POSTs answered (after the PubAck): p50 / p99, cluster node vs one process;
   3. ingest -> ENTER latency from `geodwell simulate` (live pace, its WebSocket), p50 / p99;
-  4. takeover after kill -9 of a node: detection, restore, suppress, replay per moved partition;
+  4. takeover after kill -9 of a node: detection, restore, suppress, replay per moved partition,
+     and a survivor's answer times (p50 / p99 / max) from the kill until every partition is
+     live again, beside the 5 s before the kill;
   5. the 503 window while a NATS server is killed (one client posting small batches);
   6. checkpoint size and time (from the nodes' metrics).
 
@@ -205,6 +207,24 @@ def settled(port, within=120, without=None):
     raise SystemExit("cluster did not settle")
 
 
+def stable(port, quiet=6.0, within=120):
+    """Waits until no partition has changed owner for `quiet` seconds (two lease lifetimes):
+    the nodes started one after the other, and the first one up takes every partition and hands
+    the others their share once membership has settled. Measuring during those handovers would
+    measure the start, not the cluster."""
+    t0 = time.time()
+    last, since = None, time.time()
+    while time.time() - t0 < within:
+        v = settled(port)
+        owners = tuple(p["owner"] for p in v["partition_owners"])
+        if owners != last:
+            last, since = owners, time.time()
+        elif time.time() - since >= quiet:
+            return v
+        time.sleep(0.5)
+    raise SystemExit("partitions kept moving")
+
+
 def simulate(port, extra):
     """Runs the simulator against one node over 4 connections (the simulator's device ids do
     not vary, so two simulators would send the same devices; the node that takes the HTTP
@@ -238,6 +258,36 @@ def single_fix(port, n):
     lat.sort()
     q = lambda x: round(lat[min(len(lat) - 1, int(len(lat) * x))] * 1000, 2)
     return {"p50_ms": q(0.5), "p99_ms": q(0.99), "refused": refused}
+
+
+def post_loop(port, stop, log, t0):
+    """Posts 20-fix batches to `port` one after another until `stop`; logs (start, end, status)
+    (status 0: no answer)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    i = 0
+    while not stop.is_set():
+        body = json.dumps([{"device": f"w{i % 50}-{k}", "ts": t0 + i * 1000, "lat": 50.0, "lon": 10.0}
+                           for k in range(20)])
+        s = time.time()
+        try:
+            c.request("POST", "/v1/fixes", body, {"content-type": "application/json"})
+            r = c.getresponse()
+            r.read()
+            log.append((s, time.time(), r.status))
+        except OSError:
+            log.append((s, time.time(), 0))
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        i += 1
+
+
+def answer_times(log, since, until):
+    """p50 / p99 / max answer time (ms) of the requests that started in [since, until)."""
+    lat = sorted(e - s for s, e, _ in log if since <= s < until)
+    if not lat:
+        return None
+    q = lambda x: round(1000 * lat[min(len(lat) - 1, int(len(lat) * x))], 1)
+    return {"requests": len(lat), "p50_ms": q(0.5), "p99_ms": q(0.99), "max_ms": round(1000 * lat[-1], 1),
+            "not_2xx": sum(1 for s, _, st in log if since <= s < until and st != 200)}
 
 
 def e2e(port):
@@ -300,7 +350,7 @@ def main():
         nodes = [node(nats, i, os.path.join(OUT, f"d{n}-{i}")) for i in range(n)]
         for _, port in nodes:
             wait_ok(port, "/readyz")
-        settled(nodes[0][1])
+        stable(nodes[0][1])
         if n == 3:
             h0 = hist_buckets(nodes[0][1], "geodwell_cluster_ingest_ack_seconds")
             res["cluster_single_fix"] = single_fix(nodes[0][1], SINGLE)
@@ -325,12 +375,25 @@ def main():
                 [BIN, "simulate", "--server", f"http://127.0.0.1:{nodes[0][1]}", "--devices", "20000",
                  "--sites", "200", "--rate", "20000", "--duration", "30s", "--quiet", "--no-measure"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            # A survivor's answers (20-fix batches to g0, one after another), quiet before the
+            # kill and through the takeover.
+            import threading
+            survivor_stop, survivor_log = threading.Event(), []
+            survivor = threading.Thread(target=post_loop,
+                                        args=(nodes[0][1], survivor_stop, survivor_log, 1767225600000 + 2 * 10**9))
+            survivor.start()
             time.sleep(8)
             killed_at = time.time()
             nodes[2][0].send_signal(signal.SIGKILL)
             nodes[2][0].wait()
             after = settled(nodes[0][1], without="g2")
             detected = time.time() - killed_at
+            survivor_stop.set()
+            survivor.join()
+            res["survivor_answers"] = {
+                "quiet_before_kill": answer_times(survivor_log, killed_at - 5, killed_at),
+                "kill_to_all_live": answer_times(survivor_log, killed_at, killed_at + detected),
+            }
             bg.wait()
             tk = [p["status"].get("takeover") or {} for p in after["partition_owners"] if p["partition"] in moved]
             med = lambda k: statistics.median([t.get(k, 0) for t in tk]) if tk else None
@@ -345,29 +408,9 @@ def main():
                 "replayed_records": {"median": med("replayed_records"), "max": mx("replayed_records")},
             }
             # The 503 window while a NATS server is killed.
-            import threading
             stop = threading.Event()
             log = []
-
-            def poster(port):
-                c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-                i = 0
-                t0 = 1767225600000 + 10**9
-                while not stop.is_set():
-                    body = json.dumps([{"device": f"w{i % 50}-{k}", "ts": t0 + i * 1000, "lat": 50.0, "lon": 10.0}
-                                       for k in range(20)])
-                    s = time.time()
-                    try:
-                        c.request("POST", "/v1/fixes", body, {"content-type": "application/json"})
-                        r = c.getresponse()
-                        r.read()
-                        log.append((s, time.time(), r.status))
-                    except OSError:
-                        log.append((s, time.time(), 0))
-                        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-                    i += 1
-
-            t = threading.Thread(target=poster, args=(nodes[0][1],))
+            t = threading.Thread(target=post_loop, args=(nodes[0][1], stop, log, 1767225600000 + 10**9))
             t.start()
             time.sleep(3)
             kill_at = time.time()

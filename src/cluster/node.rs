@@ -490,42 +490,40 @@ async fn read_nodes(nats: &Nats) -> Result<(BTreeMap<String, Heartbeat>, Vec<Str
     Ok((live, departed))
 }
 
-/// This node's view of the live set: a node seen in a read of the nodes bucket within the last
-/// lease lifetime, unless its heartbeat was deleted since (a graceful stop). One read may miss
-/// an entry that is being rewritten; a view that followed each read would flicker, and a
-/// partition freed meanwhile would go to the wrong node.
+/// This node's view of the live set: a node found in the last two reads of the nodes bucket,
+/// or in one of them, unless its heartbeat was deleted (a graceful stop). One read may miss a
+/// heartbeat that is being rewritten; a view that followed each read would flicker, and a
+/// partition freed meanwhile would go to the wrong node. A node that died is out of the view
+/// one round after its heartbeat expired (about when its leases do).
 #[derive(Debug, Default)]
 struct View {
-    /// Per node: when this node first and last saw it.
-    seen: HashMap<String, (Instant, Instant)>,
+    /// Per node: when this node first saw it, and how many reads in a row missed it.
+    seen: HashMap<String, (Instant, u32)>,
 }
 
 impl View {
     /// Takes a read (`read`: the heartbeats found, `departed`: those deleted); returns the live
     /// set, logging joins and departures.
-    fn update(
-        &mut self,
-        me: &str,
-        read: &[String],
-        departed: &[String],
-        ttl: Duration,
-    ) -> Vec<String> {
+    fn update(&mut self, me: &str, read: &[String], departed: &[String]) -> Vec<String> {
         let now = Instant::now();
+        for (_, missed) in self.seen.values_mut() {
+            *missed += 1;
+        }
         for n in read.iter().map(String::as_str).chain(std::iter::once(me)) {
             let e = self.seen.entry(n.to_string()).or_insert_with(|| {
                 if n != me {
                     tracing::info!(node = %n, "a node joined the cluster");
                 }
-                (now, now)
+                (now, 0)
             });
-            e.1 = now;
+            e.1 = 0;
         }
-        self.seen.retain(|n, (_, last)| {
-            let gone = departed.contains(n) || last.elapsed() >= ttl;
-            if gone && n != me {
+        self.seen.retain(|n, (_, missed)| {
+            let gone = n != me && (departed.contains(n) || *missed >= 2);
+            if gone {
                 tracing::warn!(node = %n, "a node left the cluster (its heartbeat expired or it stopped); its partitions are taken over once their leases expire");
             }
-            !gone || n == me
+            !gone
         });
         self.seen.keys().cloned().collect()
     }
@@ -648,7 +646,7 @@ async fn membership_round(
             .flat_map(|h| h.partitions.iter().map(|s| (s.partition, s.lag_records))),
     );
     let read: Vec<String> = live.keys().cloned().collect();
-    let nodes = view.update(&m.node, &read, &departed, ttl);
+    let nodes = view.update(&m.node, &read, &departed);
     let now = Instant::now();
     let holders = rt.leases.holders().await?;
     tracing::debug!(round, holders = ?holders, nodes = ?nodes, "membership round");
