@@ -7,7 +7,10 @@
 //!   the oldest connection still speaking HTTP is asked to close (at once if it is idle or still
 //!   sending its request head, after its answer otherwise): a flood of idle or slow connections
 //!   can never lock new clients out. Only when nothing can be asked to close (every slot is a
-//!   WebSocket) is the new connection refused (closed at once).
+//!   WebSocket) is the new connection refused (closed at once). An evicted connection closes on
+//!   its own task; while 32 of them are still open past the limit, no connection is accepted
+//!   (they wait in the kernel's backlog), so a flood never takes more descriptors than the
+//!   limit, those 32 and the process's own.
 //! - **Every connection makes progress or goes**: a request head (counted from the connection's
 //!   start or the previous answer, so it also bounds an idle keep-alive connection) must arrive
 //!   within `header_timeout`; one write to a client may stay blocked at most `write_timeout`.
@@ -63,17 +66,22 @@ pub async fn serve(
     tls: Option<Arc<super::tls::Tls>>,
     shutdown: CancellationToken,
 ) {
-    let open = Arc::new(AtomicUsize::new(0));
+    let open = Arc::new(Slots::default());
     let http = Arc::new(Mutex::new(BTreeMap::<u64, Arc<ConnCtl>>::new()));
     let mut conns = JoinSet::new();
     let mut next_id = 0u64;
     gauge!(t::HTTP_CONNECTIONS).set(0.0);
     loop {
+        // An evicted connection closes on its own task: accept no more while too many of them
+        // still hold a descriptor (they live on the open-files reserve meanwhile), so that a
+        // flood on a busy machine cannot run the process out of descriptors.
+        let crowded = open.open() >= limits.max_connections + EVICTING;
         let accepted = tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
             Some(_) = conns.join_next(), if !conns.is_empty() => continue,
-            a = listener.accept() => a,
+            _ = open.freed.notified(), if crowded => continue,
+            a = listener.accept(), if !crowded => a,
         };
         let tcp = match accepted {
             Ok((tcp, _)) => tcp,
@@ -86,7 +94,7 @@ pub async fn serve(
                 continue;
             }
         };
-        if open.load(Ordering::Relaxed) >= limits.max_connections {
+        if open.open() >= limits.max_connections {
             let evicted = {
                 let mut http = http.lock().unwrap_or_else(|p| p.into_inner());
                 evict(&mut http)
@@ -153,6 +161,9 @@ struct ConnCtl {
     /// its first request head).
     kill: CancellationToken,
 }
+
+/// Connections asked to close and not closed yet, at most, before the accept loop waits.
+const EVICTING: usize = 32;
 
 /// How many of the oldest connections eviction looks at for one with nothing in flight.
 const EVICTION_SCAN: usize = 64;
@@ -290,20 +301,34 @@ fn is_write_timeout(e: &hyper::Error) -> bool {
 /// One connection slot, held by the socket for as long as it is open (an upgraded WebSocket
 /// included); freed on drop.
 #[derive(Debug)]
-struct Slot(Arc<AtomicUsize>);
+struct Slot(Arc<Slots>);
+
+/// The open connections' count, and a wake-up for the accept loop when one closes.
+#[derive(Debug, Default)]
+struct Slots {
+    open: AtomicUsize,
+    freed: tokio::sync::Notify,
+}
+
+impl Slots {
+    fn open(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+}
 
 impl Slot {
-    fn take(open: &Arc<AtomicUsize>) -> Slot {
-        let n = open.fetch_add(1, Ordering::Relaxed) + 1;
+    fn take(slots: &Arc<Slots>) -> Slot {
+        let n = slots.open.fetch_add(1, Ordering::Relaxed) + 1;
         gauge!(t::HTTP_CONNECTIONS).set(n as f64);
-        Slot(open.clone())
+        Slot(slots.clone())
     }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let n = self.0.fetch_sub(1, Ordering::Relaxed) - 1;
+        let n = self.0.open.fetch_sub(1, Ordering::Relaxed) - 1;
         gauge!(t::HTTP_CONNECTIONS).set(n as f64);
+        self.0.freed.notify_one();
     }
 }
 
