@@ -15,7 +15,9 @@
 //! 5. a fence added and one deleted mid-trace through different nodes (the reference is then a
 //!    single-node service fed the same operations in the same order);
 //! 6. kill -9 of a node while a client keeps sending to a survivor, whose answers must not wait
-//!    for the failure detection.
+//!    for the failure detection;
+//! 7. a re-sent batch that the input stream stores a second time (its duplicate window cut
+//!    short): answered as duplicates, nothing changed.
 //!
 //! The scenarios run one at a time (a lock), each on fresh servers.
 
@@ -34,6 +36,7 @@ use serde_json::{Value, json};
 
 use crate::common::{get_value, temp_dir};
 use crate::replay::{fences, to_fix, trace};
+use geodwell::cluster::nats::{DUPLICATE_WINDOW, IN_STREAM};
 use harness::{NatsCluster, Node};
 
 /// One cluster scenario at a time: each runs 3 NATS servers and 3 geodwell nodes.
@@ -605,6 +608,54 @@ async fn kill_9_of_a_nats_server_loses_nothing() {
     c.nats.restart(1).await;
     c.send_range(2 * n / 3..n).await;
     c.check(0, &w.reference, "kill -9 of a NATS server").await;
+}
+
+/// The input stream stores a re-sent batch's parts again (as a leader elected while the first
+/// copies were in flight may: the stream's duplicate window is shortened here to make it happen
+/// at will). The copies change nothing, and the re-sent batch is answered as duplicates, not as
+/// late fixes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_the_stream_stores_twice_is_a_duplicate_and_changes_nothing() {
+    let _one = scenario_env().await;
+    let w = workload();
+    let c = Cluster::start().await;
+    let n = w.batches.len();
+    let again = n / 4;
+    c.send_range(0..n / 2).await;
+    let servers: Vec<async_nats::ServerAddr> = c
+        .nats
+        .urls()
+        .split(',')
+        .map(|u| u.parse().unwrap())
+        .collect();
+    let nats = async_nats::connect(servers).await.unwrap();
+    let js = async_nats::jetstream::new(nats);
+    let set_window = |window: Duration| {
+        let js = js.clone();
+        async move {
+            let mut stream = js.get_stream(IN_STREAM).await.unwrap();
+            let mut cfg = stream.info().await.unwrap().config.clone();
+            cfg.duplicate_window = window;
+            js.update_stream(cfg).await.unwrap();
+            stream.info().await.unwrap().state.messages
+        }
+    };
+    set_window(Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = set_window(Duration::from_millis(100)).await;
+    let rep = c.send(again + 1, &w.batches[again]).await;
+    let after = set_window(DUPLICATE_WINDOW).await;
+    assert!(
+        after > before,
+        "the stream stored the copy ({before} -> {after} messages)"
+    );
+    assert_eq!(
+        (&rep["late"], &rep["duplicate"]),
+        (&json!(0), &json!(w.batches[again].len())),
+        "{rep}"
+    );
+    c.send_range(n / 2..n).await;
+    c.check(1, &w.reference, "a batch stored twice").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

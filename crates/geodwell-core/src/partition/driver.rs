@@ -15,11 +15,15 @@
 //! - What the driver does between records (advances of a log that does not record its ticks,
 //!   slices of carried timers) changes when events come out, never which: the next record
 //!   carries the watermark the engine reached.
+//! - A fixes record identical to one of the last parts applied without a rejection (see
+//!   [`super::recent`]) advances the watermark its stamps carry and answers every fix
+//!   `duplicate`; applying it fix by fix would change no state either.
 //! - A checkpoint is the state at the position of its freeze: the engine copies a device about
 //!   to change before changing it while chunks are still to be handed out.
 
 use std::sync::Arc;
 
+use super::recent::{PartHash, RecentParts};
 use super::record::{Input, Removal};
 use crate::engine::{
     DeviceState, Engine, EngineConfig, IdleRule, IngestError, Ingested, RestoreError, Restored,
@@ -120,6 +124,7 @@ pub struct Driver {
     carried: u32,
     freeze: Option<Frozen>,
     out: Vec<Event>,
+    recent: RecentParts,
 }
 
 impl Driver {
@@ -133,6 +138,7 @@ impl Driver {
             carried: 0,
             freeze: None,
             out: Vec::new(),
+            recent: RecentParts::default(),
         }
     }
 
@@ -215,7 +221,7 @@ impl Driver {
         }
         let applied = match input {
             Input::Fixes { w_before, fixes } => {
-                Applied::Fixes(self.fixes(*w_before, fixes.iter().map(|(f, s)| (f, *s)), arrival))
+                Applied::Fixes(self.part(*w_before, fixes, arrival))
             }
             Input::Tick(w) => {
                 self.advance(*w);
@@ -231,18 +237,26 @@ impl Driver {
         Ok(applied)
     }
 
-    /// Applies a fixes record given by its parts (`pos` must be after [`Driver::applied`]): what
-    /// [`Driver::apply`] does with [`Input::Fixes`], without building the record first.
-    pub fn apply_fixes<'a>(
+    /// A fixes record: answered as a whole duplicate when it is a part applied lately, else
+    /// applied fix by fix (and remembered if nothing of it was rejected).
+    fn part(
         &mut self,
-        pos: u64,
         w_before: Option<Ts>,
-        fixes: impl Iterator<Item = (&'a Fix, Ts)>,
+        fixes: &[(Fix, Ts)],
         arrival: u64,
     ) -> Vec<Result<Ingested, IngestError>> {
-        debug_assert!(pos > self.applied, "records are applied in log order");
-        let outcomes = self.fixes(w_before, fixes, arrival);
-        self.applied = pos;
+        let hash = PartHash::of(fixes.iter().map(|(f, _)| f));
+        if self.recent.contains(hash) {
+            let stamp = fixes.iter().map(|(_, s)| *s).max();
+            if let Some(w) = w_before.into_iter().chain(stamp).max() {
+                self.advance(w);
+            }
+            return vec![Ok(Ingested::Duplicate); fixes.len()];
+        }
+        let outcomes = self.fixes(w_before, fixes.iter().map(|(f, s)| (f, *s)), arrival);
+        if outcomes.iter().all(Result::is_ok) {
+            self.recent.remember(hash);
+        }
         outcomes
     }
 
@@ -510,6 +524,67 @@ mod tests {
             Ok(Applied::Fences),
             "a marker at or before the fence position applies nothing"
         );
+    }
+
+    /// A log that holds a part twice (a stream that stored a re-sent message again): the second
+    /// copy is answered as duplicates and changes nothing; a part with a rejected fix is judged
+    /// again when it comes again.
+    #[test]
+    fn a_part_the_log_holds_twice_is_a_duplicate_and_changes_nothing() {
+        let two = |ts: i64| Input::Fixes {
+            w_before: None,
+            fixes: (0..2)
+                .map(|k| {
+                    let f = Fix::new("truck", Ts(ts + k), 0.5, 0.5, None, 64).unwrap();
+                    (f, Ts(ts + k))
+                })
+                .collect(),
+        };
+        let records = [
+            Input::Fences(1),
+            two(1_000),
+            two(5_000),
+            Input::Tick(Ts(90_000)),
+        ];
+        let mut once = Driver::new(Engine::new(cfg()), 0, 0);
+        let events = run(&records, 0, &mut once);
+        let mut twice = Driver::new(Engine::new(cfg()), 0, 0);
+        let src = One(square());
+        for (i, r) in records[..3].iter().enumerate() {
+            twice.apply(i as u64 + 1, r, 0, &src).unwrap();
+        }
+        // Without the memory, the copy's fixes would be answered late.
+        assert_eq!(
+            twice.apply(4, &two(1_000), 0, &src),
+            Ok(Applied::Fixes(vec![Ok(Ingested::Duplicate); 2]))
+        );
+        twice.apply(5, &records[3], 0, &src).unwrap();
+        assert_eq!(twice.take_events(), events);
+        assert_eq!(
+            twice.engine().device("truck"),
+            once.engine().device("truck")
+        );
+
+        // A device refused for want of room: its part is judged again.
+        let full = EngineConfig {
+            max_devices: 1,
+            ..cfg()
+        };
+        let mut d = Driver::new(Engine::new(full), 0, 0);
+        d.apply(1, &fix(1_000, 0.5), 0, &NoFences).unwrap();
+        let other = Input::Fixes {
+            w_before: None,
+            fixes: vec![(
+                Fix::new("van", Ts(2_000), 0.5, 0.5, None, 64).unwrap(),
+                Ts(2_000),
+            )],
+        };
+        for pos in [2, 3] {
+            let Ok(Applied::Fixes(out)) = d.apply(pos, &other, 0, &NoFences) else {
+                panic!("fixes");
+            };
+            assert!(out[0].is_err(), "refused each time: {out:?}");
+        }
     }
 
     #[test]
