@@ -11,10 +11,12 @@ nodes as separate processes, then measures, in one run:
   4. takeover after kill -9 of a node: detection, restore, suppress, replay per moved partition,
      and a survivor's answer times (p50 / p99 / max) from the kill until every partition is
      live again, beside the 5 s before the kill;
-  5. the 503 window while a NATS server is killed (one client posting small batches);
+  5. a NATS server killed (the input stream's leader) and restarted: when ingest works again,
+     beside a bare JetStream publisher whose stream had the same leader, when the streams had a
+     leader again, and when each partition's events were stored again after that;
   6. checkpoint size and time (from the nodes' metrics).
 
-  benches/cluster.py BIN NATS_SERVER OUT_DIR [--quick]
+  benches/cluster.py BIN NATS_SERVER OUT_DIR JS_PROBE [--quick]
 """
 
 import http.client
@@ -27,9 +29,10 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
-BIN, NATS, OUT = sys.argv[1], sys.argv[2], sys.argv[3]
+BIN, NATS, OUT, PROBE = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 QUICK = "--quick" in sys.argv
 DURATION = "3s" if QUICK else "10s"
 SINGLE = 300 if QUICK else 2000
@@ -329,6 +332,78 @@ def hist_quantiles(after, before, qs=(0.5, 0.99)):
     return out
 
 
+def recovered(ops, kill_at):
+    """When operations `(start, end, ok)` worked again after `kill_at`: the end of the first
+    success among those started after the last failure (or after the kill, if none failed), in
+    seconds after the kill; plus the failures and the slowest operation after the kill."""
+    after = [(s, e, ok) for s, e, ok in ops if e >= kill_at]
+    bad = [(s, e) for s, e, ok in after if not ok]
+    since = max((e for _, e in bad), default=kill_at)
+    first = min((e for s, e, ok in after if ok and s >= since), default=None)
+    return {
+        "operations_after_kill": len(after),
+        "failed_after_kill": len(bad),
+        "slowest_after_kill_s": round(max((e - s for s, e, _ in after), default=0), 2),
+        "working_again_after_s": round(first - kill_at, 2) if first else None,
+    }
+
+
+def nats_kill(nats, nodes):
+    """kill -9 of the NATS server leading the input stream, restarted 10 s later, while a client
+    posts 20-fix batches to node g0 and the simulator sends live load with events to g1; beside
+    it, a bare JetStream publisher whose stream has the same leader (benches/nats/js_probe.rs)."""
+    probe = subprocess.Popen([PROBE, "--servers", nats.urls(), "--seconds", "30"],
+                             stdout=subprocess.PIPE, text=True)
+    procs.append(probe)
+    leader = json.loads(probe.stdout.readline())["leader"]
+    k = int(leader.lstrip("n"))
+    load = subprocess.Popen(
+        [BIN, "simulate", "--server", f"http://127.0.0.1:{nodes[1][1]}", "--devices", "20000",
+         "--sites", "200", "--rate", "10000", "--duration", "32s", "--quiet", "--no-measure"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    procs.append(load)
+    stop, log = threading.Event(), []
+    t = threading.Thread(target=post_loop, args=(nodes[0][1], stop, log, 1767225600000 + 10**9))
+    t.start()
+    time.sleep(5)
+    kill_at = time.time()
+    nats.kill(k)
+    time.sleep(10)
+    nats.start(k)
+    restart_at = time.time()
+    out, _ = probe.communicate(timeout=120)
+    stop.set()
+    t.join()
+    load.wait()
+    v = json.loads(out)
+    ours = recovered([(s, e, st == 200) for s, e, st in log], kill_at)
+    bare = recovered([tuple(x) for x in v["bare"]], kill_at)
+    # When each stream had a leader again (not the killed server).
+    back = {}
+    for name, polls in v["leaders"].items():
+        back[name] = min((t for t, l in polls if t >= kill_at and l and l != leader), default=None)
+    ev_leader = max((back[n] for n in ("GEODWELL_IN", "GEODWELL_EVENTS") if back.get(n)), default=None)
+    resumed = []
+    for p, times in v["events"].items():
+        first = min((x for x in times if ev_leader and x >= ev_leader), default=None)
+        if first is not None:
+            resumed.append(first - ev_leader)
+    return {
+        "killed": leader,
+        "restarted_after_s": round(restart_at - kill_at, 2),
+        "geodwell_ingest": ours,
+        "bare_jetstream_publisher": bare,
+        "window_difference_s": round(ours["working_again_after_s"] - bare["working_again_after_s"], 2)
+        if ours["working_again_after_s"] is not None and bare["working_again_after_s"] is not None else None,
+        "leader_again_after_s": {n: round(x - kill_at, 2) if x else None for n, x in back.items()},
+        "events_flowing_after_leader_s": {
+            "partitions": len(resumed),
+            "median": round(statistics.median(resumed), 2) if resumed else None,
+            "max": round(max(resumed), 2) if resumed else None,
+        },
+    }
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     res = {"quick": QUICK}
@@ -377,7 +452,6 @@ def main():
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             # A survivor's answers (20-fix batches to g0, one after another), quiet before the
             # kill and through the takeover.
-            import threading
             survivor_stop, survivor_log = threading.Event(), []
             survivor = threading.Thread(target=post_loop,
                                         args=(nodes[0][1], survivor_stop, survivor_log, 1767225600000 + 2 * 10**9))
@@ -407,32 +481,7 @@ def main():
                 "replay_ms": {"median": med("replay_ms"), "max": mx("replay_ms")},
                 "replayed_records": {"median": med("replayed_records"), "max": mx("replayed_records")},
             }
-            # The 503 window while a NATS server is killed.
-            stop = threading.Event()
-            log = []
-            t = threading.Thread(target=post_loop, args=(nodes[0][1], stop, log, 1767225600000 + 10**9))
-            t.start()
-            time.sleep(3)
-            kill_at = time.time()
-            nats.kill(0)
-            time.sleep(12)
-            stop.set()
-            t.join()
-            before_kill = [e - s for s, e, st in log if e < kill_at and st == 200]
-            after = [(s, e, st) for s, e, st in log if e >= kill_at]
-            bad = [(s, e, st) for s, e, st in after if st != 200]
-            last_bad_end = max((e for _, e, _ in bad), default=kill_at)
-            first_ok = min((e for s, e, st in after if st == 200 and s >= last_bad_end), default=None)
-            slow = max((e - s for s, e, _ in after), default=0)
-            res["nats_kill"] = {
-                "requests_before_kill": len(before_kill),
-                "p50_ms_before_kill": round(1000 * statistics.median(before_kill), 1) if before_kill else None,
-                "requests_after_kill": len(after),
-                "refused_after_kill": len(bad),
-                "refused_statuses": sorted({st for _, _, st in bad}),
-                "slowest_answer_after_kill_s": round(slow, 2),
-                "answered_ok_again_after_s": round(first_ok - kill_at, 2) if first_ok else None,
-            }
+            res["nats_kill"] = nats_kill(nats, nodes)
         for p, _ in nodes:
             if p.poll() is None:
                 p.terminate()

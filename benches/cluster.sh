@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Cluster figures beside one process, in one run (docs/bench-cluster.md): throughput with 1, 2
 # and 3 nodes, single-fix answer latency, ingest -> ENTER latency, takeover phases after a
-# kill -9, the 503 window while a NATS server is killed, checkpoint size and time.
+# kill -9, ingest and events through a NATS server's kill -9 and restart beside a bare JetStream
+# publisher, checkpoint size and time.
 #
 #   benches/cluster.sh [--quick]          --quick: 3 s runs, 16 partitions (CI smoke)
 #   E2E_BIN=path/to/geodwell benches/cluster.sh          measure that binary
@@ -17,10 +18,13 @@ else
   cargo build --release --quiet
   BIN="$PWD/target/release/geodwell"
 fi
+# The bare JetStream publisher and stream watcher (benches/nats/js_probe.rs), from this tree.
+cargo build --release --quiet --example js_probe
+PROBE="${CARGO_TARGET_DIR:-$PWD/target}/release/examples/js_probe"
 NATS="${NATS_SERVER:-$(command -v nats-server || echo /usr/sbin/nats-server)}"
 [[ -x "$NATS" ]] || { echo "no nats-server (apt-get install nats-server, or set NATS_SERVER)" >&2; exit 1; }
 OUT="${CARGO_TARGET_DIR:-$PWD/target}/bench/cluster"
 rm -rf "$OUT"
 mkdir -p "$OUT"
 echo "nats-server: $("$NATS" --version)"
-python3 benches/cluster.py "$BIN" "$NATS" "$OUT" "$@"
+python3 benches/cluster.py "$BIN" "$NATS" "$OUT" "$PROBE" "$@"

@@ -427,6 +427,7 @@ fn write_store(dir: &Path, b: Built, cfg: &Config, log_fixes: usize) -> (f64, u6
         fence_change: 0,
         event_floor: b.next_seq,
         positions: vec![(0, Some(b.watermark)); cfg.shards],
+        recent: Vec::new(),
     })
     .expect("checkpoint commits");
     let emitted = Some(Ts(b.watermark));

@@ -64,6 +64,8 @@ pub enum CkMsg {
         seq: u64,
         /// The shard engine's watermark at the freeze.
         watermark: Option<Ts>,
+        /// The parts the shard applied lately, at the freeze.
+        recent: Arc<[u64]>,
         /// Devices, as they were at the freeze.
         devices: Vec<DeviceState>,
         /// Whether this is the shard's last chunk.
@@ -169,11 +171,20 @@ pub fn spawn(
     (Checkpointer { tx, status }, thread)
 }
 
+/// Where one shard froze: its last input `seq`, its watermark (Unix ms), its parts applied
+/// lately.
+#[derive(Clone)]
+struct ShardDone {
+    seq: u64,
+    watermark: Option<i64>,
+    recent: Arc<[u64]>,
+}
+
 /// One round being written.
 struct Round<'a> {
     round: u64,
     writer: Option<Box<dyn CheckpointTxn + 'a>>,
-    positions: Vec<Option<(u64, Option<i64>)>>,
+    positions: Vec<Option<ShardDone>>,
     fences: Vec<(String, Option<String>)>,
     fence_change: u64,
     event_floor: u64,
@@ -240,6 +251,7 @@ fn write_loop(
                 round,
                 seq,
                 watermark,
+                recent,
                 devices,
                 done,
             } => {
@@ -253,7 +265,11 @@ fn write_loop(
                     r.error = Some(e.to_string());
                 }
                 if done && let Some(p) = r.positions.get_mut(shard) {
-                    *p = Some((seq, watermark.map(|w| w.0)));
+                    *p = Some(ShardDone {
+                        seq,
+                        watermark: watermark.map(|w| w.0),
+                        recent,
+                    });
                 }
                 if r.positions.iter().all(Option::is_some) {
                     let r = current.take().expect("a round is running");
@@ -285,7 +301,9 @@ fn finish(
         started,
         error,
     } = r;
-    let positions: Vec<(u64, Option<i64>)> = positions.into_iter().flatten().collect();
+    let done: Vec<ShardDone> = positions.into_iter().flatten().collect();
+    let positions: Vec<(u64, Option<i64>)> = done.iter().map(|d| (d.seq, d.watermark)).collect();
+    let recent: Vec<Arc<[u64]>> = done.into_iter().map(|d| d.recent).collect();
     let seqs: Vec<u64> = positions.iter().map(|p| p.0).collect();
     let fail = |why: String| {
         counter!(t::STORE_CHECKPOINT_FAILURES).increment(1);
@@ -316,6 +334,7 @@ fn finish(
         fence_change,
         event_floor,
         positions: positions.clone(),
+        recent,
     };
     let written = writer
         .fences(&std::mem::take(&mut fences))

@@ -219,6 +219,7 @@ pub fn boot(cfg: &Config) -> Result<Booted, BootError> {
             fence_change: 0,
             event_floor: snap.next_seq.max(1),
             positions: vec![(0, None); cfg.shards],
+            recent: Vec::new(),
         };
         w.commit(&meta)?;
         ck.meta = meta;
@@ -261,6 +262,11 @@ pub fn boot(cfg: &Config) -> Result<Booted, BootError> {
                 devices: Vec::new(),
                 seq: pos.0,
                 watermark: pos.1.map(Ts).or(if same_layout { None } else { stored_w }),
+                recent: if same_layout {
+                    meta.recent_of(k)
+                } else {
+                    Arc::from([])
+                },
                 inputs: Vec::new(),
             }
         })

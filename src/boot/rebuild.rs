@@ -23,6 +23,8 @@ pub(super) struct ShardPlan {
     pub(super) devices: Vec<RawDevice>,
     pub(super) seq: u64,
     pub(super) watermark: Option<Ts>,
+    /// The parts the partition applied lately, at the checkpoint.
+    pub(super) recent: Arc<[u64]>,
     pub(super) inputs: Vec<Vec<u8>>,
 }
 
@@ -86,6 +88,7 @@ pub(super) fn rebuild(c: &Common<'_>, plans: Vec<ShardPlan>) -> Result<Rebuilt, 
                         position: plan.seq,
                         fence_pos: fence_change,
                         watermark: plan.watermark,
+                        recent: plan.recent.clone(),
                     };
                     let (driver, restored) =
                         Driver::restore(engine_cfg.clone(), fences.iter().cloned(), devices, at)

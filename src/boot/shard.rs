@@ -38,6 +38,7 @@ pub fn restore_shard(cfg: &Config, store: &Store, k: usize) -> Result<ShardStart
             .collect(),
         seq,
         watermark: watermark.map(Ts),
+        recent: meta.recent_of(k),
         inputs: snap
             .inputs
             .into_iter()

@@ -6,10 +6,13 @@
 //! `store::codec`):
 //!
 //! ```text
-//! "GDCK" u8 version(1) uv partition uv input_seq uv fence_pos uv ev_mark
-//! u8 has_w [zz w] uv devices, then per device: uv len + id, uv len + state
+//! "GDCK" u8 version(2) uv partition uv input_seq uv fence_pos uv ev_mark
+//! u8 has_w [zz w] uv recent, then per part applied lately: u64 LE hash (oldest first)
+//! uv devices, then per device: uv len + id, uv len + state
 //! u64 LE xxh3 of everything before it
 //! ```
+//!
+//! Version 1 (earlier versions) has no parts applied lately; it is read with none.
 //!
 //! Invariants: an object is written under a name no other checkpoint uses (partition, epoch,
 //! input position) before the pointer names it, so a pointer never names a half-written or
@@ -78,6 +81,8 @@ pub struct Checkpoint {
     pub ev_mark: u64,
     /// The engine's watermark.
     pub watermark: Option<Ts>,
+    /// The parts applied lately, oldest first.
+    pub recent: Vec<u64>,
     /// Every device.
     pub devices: Vec<DeviceState>,
 }
@@ -92,27 +97,25 @@ pub struct Encoder {
 }
 
 impl Encoder {
-    /// Starts the object of `partition` at this position.
-    pub fn new(
-        partition: u16,
-        input_seq: u64,
-        fence_pos: u64,
-        ev_mark: u64,
-        watermark: Option<Ts>,
-    ) -> Encoder {
-        let mut head = Vec::with_capacity(64);
+    /// Starts the object of `partition` frozen `at`, with the events stream's mark `ev_mark`.
+    pub fn new(partition: u16, at: &Frozen, ev_mark: u64) -> Encoder {
+        let mut head = Vec::with_capacity(64 + 8 * at.recent.len());
         head.extend_from_slice(b"GDCK");
-        head.push(1);
+        head.push(2);
         put_uv(&mut head, u64::from(partition));
-        put_uv(&mut head, input_seq);
-        put_uv(&mut head, fence_pos);
+        put_uv(&mut head, at.position);
+        put_uv(&mut head, at.fence_pos);
         put_uv(&mut head, ev_mark);
-        match watermark {
+        match at.watermark {
             Some(w) => {
                 head.push(1);
                 put_zz(&mut head, w.0);
             }
             None => head.push(0),
+        }
+        put_uv(&mut head, at.recent.len() as u64);
+        for h in at.recent.iter() {
+            head.extend_from_slice(&h.to_le_bytes());
         }
         Encoder {
             head,
@@ -166,7 +169,7 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, DecodeError> {
     }
     let mut r = Reader { b: data, at: 4 };
     let version = r.u8()?;
-    if version != 1 {
+    if !(1..=2).contains(&version) {
         return Err(DecodeError(format!("checkpoint version {version} unknown")));
     }
     let partition =
@@ -175,6 +178,12 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, DecodeError> {
     let fence_pos = r.uv()?;
     let ev_mark = r.uv()?;
     let watermark = if r.bool()? { Some(Ts(r.zz()?)) } else { None };
+    let mut recent = Vec::new();
+    if version >= 2 {
+        for _ in 0..r.count()? {
+            recent.push(r.u64_le()?);
+        }
+    }
     let n = r.count()?;
     let mut devices = Vec::with_capacity(n.min(1 << 20));
     for _ in 0..n {
@@ -196,6 +205,7 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, DecodeError> {
         fence_pos,
         ev_mark,
         watermark,
+        recent,
         devices,
     })
 }
@@ -433,6 +443,7 @@ async fn restore_from(
         position: ck.input_seq,
         fence_pos,
         watermark: ck.watermark,
+        recent: Arc::from(std::mem::take(&mut ck.recent)),
     };
     let driver = tokio::task::spawn_blocking(move || {
         Driver::restore(cfg, fences, devices, at).map(|(d, _)| d)
@@ -465,7 +476,11 @@ mod tests {
 
     #[test]
     fn checkpoints_round_trip_and_damage_is_refused() {
-        let mut enc = Encoder::new(7, 1234, 56, 789, Some(Ts(-5)));
+        let at = Frozen {
+            recent: Arc::from([3u64, u64::MAX]),
+            ..Frozen::at(1234, 56, Some(Ts(-5)))
+        };
+        let mut enc = Encoder::new(7, &at, 789);
         enc.devices(&[device("a"), device("truck-17")]);
         enc.devices(&[device("ü")]);
         assert_eq!(enc.count(), 3);
@@ -481,6 +496,7 @@ mod tests {
             ),
             (7, 1234, 56, 789, Some(Ts(-5)))
         );
+        assert_eq!(ck.recent, vec![3, u64::MAX]);
         assert_eq!(
             ck.devices,
             vec![device("a"), device("truck-17"), device("ü")]
@@ -493,7 +509,31 @@ mod tests {
             bad[i] ^= 0x20;
             assert!(decode(&bad).is_err(), "flipped byte {i}");
         }
-        let empty = Encoder::new(0, 0, 0, 0, None).finish();
+        let empty = Encoder::new(0, &Frozen::at(0, 0, None), 0).finish();
         assert_eq!(decode(&empty).unwrap().devices, vec![]);
+    }
+
+    /// An object of an earlier version (no parts applied lately) still reads.
+    #[test]
+    fn a_version_1_checkpoint_reads_with_no_parts_applied_lately() {
+        let mut v1 = b"GDCK".to_vec();
+        v1.push(1);
+        for v in [7u64, 1234, 56, 789] {
+            put_uv(&mut v1, v);
+        }
+        v1.push(0); // no watermark
+        put_uv(&mut v1, 1);
+        put_str(&mut v1, "a");
+        let mut one = Vec::new();
+        codec::encode_device(&device("a"), &mut one);
+        put_uv(&mut v1, one.len() as u64);
+        v1.extend_from_slice(&one);
+        let sum = xxhash_rust::xxh3::xxh3_64(&v1);
+        v1.extend_from_slice(&sum.to_le_bytes());
+        let ck = decode(&v1).unwrap();
+        assert_eq!(
+            (ck.input_seq, ck.recent.len(), ck.devices),
+            (1234, 0, vec![device("a")])
+        );
     }
 }

@@ -615,7 +615,7 @@ impl Backend for Partition {
     fn frozen(&mut self, at: Frozen) {
         let acked = self.outbox.acked();
         self.freeze = Some(Freeze {
-            enc: Encoder::new(self.p, at.position, at.fence_pos, acked.last, at.watermark),
+            enc: Encoder::new(self.p, &at, acked.last),
             produced: self.outbox.produced(),
             at,
             ev_mark: acked.last,

@@ -199,7 +199,7 @@ async fn act<B: Backend>(
             None
         }
         Work::CheckpointRoom => {
-            if let Some(f) = driver.frozen() {
+            if let Some(f) = driver.frozen().cloned() {
                 let mut devices = Vec::with_capacity(CHECKPOINT_CHUNK);
                 let done = driver.checkpoint_chunk(CHECKPOINT_CHUNK, &mut devices);
                 backend.chunk(f, devices, done);

@@ -415,13 +415,18 @@ impl Local {
 
     /// Hands out what is left of a freeze asked for at shutdown, whole: no input comes any more.
     async fn finish_checkpoint(&mut self, driver: &mut Driver) {
-        let (Some(f), Some(tx)) = (driver.frozen(), self.ctx.checkpoints.clone()) else {
+        let (Some(f), Some(tx)) = (driver.frozen().cloned(), self.ctx.checkpoints.clone()) else {
             return;
         };
         loop {
             let mut devices = Vec::with_capacity(crate::runtime::CHECKPOINT_CHUNK);
             let done = driver.checkpoint_chunk(crate::runtime::CHECKPOINT_CHUNK, &mut devices);
-            if tx.send(self.chunk_msg(f, devices, done)).await.is_err() || done {
+            if tx
+                .send(self.chunk_msg(f.clone(), devices, done))
+                .await
+                .is_err()
+                || done
+            {
                 return;
             }
         }
@@ -433,6 +438,7 @@ impl Local {
             round: self.round,
             seq: f.position,
             watermark: f.watermark,
+            recent: f.recent,
             devices,
             done,
         }

@@ -16,6 +16,7 @@
 //! came.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 
@@ -49,6 +50,9 @@ pub struct CheckpointMeta {
     pub event_floor: u64,
     /// Per shard: the last input `seq` covered, and the engine's watermark (Unix ms).
     pub positions: Vec<(u64, Option<i64>)>,
+    /// Per shard: the parts it applied lately, oldest first (`partition::recent`); empty in a
+    /// checkpoint written before checkpoints kept them.
+    pub recent: Vec<Arc<[u64]>>,
 }
 
 impl CheckpointMeta {
@@ -69,7 +73,19 @@ impl CheckpointMeta {
                 None => out.push(0),
             }
         }
+        codec::put_uv(&mut out, self.recent.len() as u64);
+        for parts in &self.recent {
+            codec::put_uv(&mut out, parts.len() as u64);
+            for h in parts.iter() {
+                out.extend_from_slice(&h.to_le_bytes());
+            }
+        }
         out
+    }
+
+    /// Shard `k`'s parts applied lately (none when the checkpoint did not keep them).
+    pub fn recent_of(&self, k: usize) -> Arc<[u64]> {
+        self.recent.get(k).cloned().unwrap_or_else(|| Arc::from([]))
     }
 
     fn decode(b: &[u8]) -> Result<CheckpointMeta, DecodeError> {
@@ -85,6 +101,18 @@ impl CheckpointMeta {
             let w = if r.bool()? { Some(r.zz()?) } else { None };
             positions.push((seq, w));
         }
+        // Absent in a checkpoint of an earlier version.
+        let mut recent = Vec::new();
+        if r.at < b.len() {
+            for _ in 0..r.count()? {
+                let n = r.count()?;
+                let mut parts = Vec::with_capacity(n.min(4096));
+                for _ in 0..n {
+                    parts.push(r.u64_le()?);
+                }
+                recent.push(Arc::from(parts));
+            }
+        }
         if r.at != b.len() {
             return Err(r.err("trailing bytes"));
         }
@@ -94,6 +122,7 @@ impl CheckpointMeta {
             fence_change,
             event_floor,
             positions,
+            recent,
         })
     }
 }

@@ -247,6 +247,10 @@ pub struct Journal {
     spare_ready: Arc<AtomicBool>,
     /// Asks the spare thread for a new spare (absent: no thread, no spares made).
     want_spare: Option<std::sync::mpsc::SyncSender<()>>,
+    /// The spare thread, joined on drop.
+    spare_thread: Option<std::thread::JoinHandle<()>>,
+    /// Tells the spare thread not to start another spare.
+    closing: Arc<AtomicBool>,
 }
 
 impl Journal {
@@ -331,20 +335,24 @@ impl Journal {
             buf: Vec::new(),
             spare_ready: Arc::new(AtomicBool::new(false)),
             want_spare: None,
+            spare_thread: None,
+            closing: Arc::new(AtomicBool::new(false)),
         };
         Ok((journal, scan.records))
     }
 
     /// Starts the thread that keeps a zero-filled spare segment ready (and asks it for one).
-    /// It ends when the journal is dropped, after the spare it is writing, if any.
+    /// Dropping the journal ends it: the drop waits for the spare it is writing, if any, and
+    /// no other is started, so nothing writes into the directory once the journal is gone.
     pub fn keep_spares(&mut self) {
         let (tx, rx) = std::sync::mpsc::sync_channel::<()>(1);
         let dir = self.dir.clone();
         let ready = self.spare_ready.clone();
+        let closing = self.closing.clone();
         let spawned = std::thread::Builder::new()
             .name("geodwell-journal-spare".into())
             .spawn(move || {
-                while rx.recv().is_ok() {
+                while rx.recv().is_ok() && !closing.load(Ordering::Acquire) {
                     match prepare_spare(&dir) {
                         Ok(()) => ready.store(true, Ordering::Release),
                         Err(e) => tracing::warn!(
@@ -355,9 +363,10 @@ impl Journal {
                     }
                 }
             });
-        if spawned.is_ok() {
+        if let Ok(thread) = spawned {
             let _ = tx.try_send(());
             self.want_spare = Some(tx);
+            self.spare_thread = Some(thread);
         }
     }
 
@@ -525,6 +534,16 @@ fn new_segment(dir: &Path, first: u64) -> Result<(File, PathBuf, u64), StoreErro
         .and_then(|d| d.sync_all())
         .map_err(io_err(dir, "sync the journal directory"))?;
     Ok((file, path, cap))
+}
+
+impl Drop for Journal {
+    fn drop(&mut self) {
+        self.closing.store(true, Ordering::Release);
+        self.want_spare = None;
+        if let Some(thread) = self.spare_thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 /// Writes a zero-filled, synced file of [`SEGMENT_BYTES`] and renames it to `spare`, unless

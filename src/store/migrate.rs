@@ -138,6 +138,7 @@ pub fn migrate(dir: &Path) -> Result<Migrated, StoreError> {
             fence_change: 0,
             event_floor: next_seq,
             positions: Vec::new(),
+            recent: Vec::new(),
         })?;
         (fences.len() as u64, moved)
     };

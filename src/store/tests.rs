@@ -131,6 +131,7 @@ fn first_checkpoint_meta() -> CheckpointMeta {
         // No event is one a replay could produce again: only the tail is loaded.
         event_floor: u64::MAX,
         positions: vec![(0, None)],
+        recent: Vec::new(),
     }
 }
 
@@ -595,10 +596,20 @@ fn the_input_log_after_a_checkpoint_is_loaded_and_what_it_covers_truncated() {
         fence_change: 2,
         event_floor: 1,
         positions: vec![(3, Some(T0)), (1, None)],
+        recent: vec![Arc::from([7u64, 9]), Arc::from([])],
     })
     .unwrap();
     let snap = s.load(0).unwrap();
     assert_eq!(snap.checkpoint.meta.round, 4);
+    assert_eq!(
+        (
+            &*snap.checkpoint.meta.recent_of(0),
+            snap.checkpoint.meta.recent_of(1).len(),
+            snap.checkpoint.meta.recent_of(2).len()
+        ),
+        (&[7u64, 9][..], 0, 0),
+        "each shard's parts applied lately"
+    );
     assert_eq!(
         snap.inputs,
         vec![
@@ -693,6 +704,9 @@ fn a_version_1_store_is_refused_and_migrated_on_request() {
 fn journaled_commits_a_crash_left_outside_the_live_file_are_written_at_open() {
     let dir = TempDir::new("journal");
     drop(Store::open(dir.path()).unwrap());
+    // The segment below is a growing file (no spare), so that the half record written at its
+    // end follows the last whole one.
+    let _ = std::fs::remove_file(dir.path().join("journal").join("spare"));
     // Commits 1-3 as a crash leaves them: journaled (and fsync'd), not in the live file, the
     // last one followed by half a record.
     let rec = |seq: u64| (0u16, seq, vec![seq as u8; 3]);

@@ -202,6 +202,17 @@ impl<'a> Reader<'a> {
         Ok(f64::from_le_bytes(bytes.try_into().expect("8 bytes")))
     }
 
+    /// A little-endian `u64`.
+    pub fn u64_le(&mut self) -> Result<u64, DecodeError> {
+        let end = self.at + 8;
+        let bytes = self
+            .b
+            .get(self.at..end)
+            .ok_or_else(|| self.err("truncated u64"))?;
+        self.at = end;
+        Ok(u64::from_le_bytes(bytes.try_into().expect("8 bytes")))
+    }
+
     /// A length no longer than the bytes left (each element takes one at least).
     pub fn count(&mut self) -> Result<usize, DecodeError> {
         let n = self.uv()?;

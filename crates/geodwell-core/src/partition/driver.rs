@@ -104,7 +104,7 @@ pub enum Applied {
 }
 
 /// Where a partition froze its state for a checkpoint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Frozen {
     /// The last record the checkpoint covers.
     pub position: u64,
@@ -112,6 +112,21 @@ pub struct Frozen {
     pub fence_pos: u64,
     /// The engine's watermark.
     pub watermark: Option<Ts>,
+    /// The parts applied lately, oldest first ([`super::recent`]).
+    pub recent: Arc<[u64]>,
+}
+
+impl Frozen {
+    /// A partition's state at `position` before any part was remembered (an empty partition,
+    /// or a checkpoint written before checkpoints kept them).
+    pub fn at(position: u64, fence_pos: u64, watermark: Option<Ts>) -> Frozen {
+        Frozen {
+            position,
+            fence_pos,
+            watermark,
+            recent: Arc::from([]),
+        }
+    }
 }
 
 /// A partition's engine and where it stands in its log.
@@ -158,7 +173,9 @@ impl Driver {
             engine.upsert_fence(f, &mut none);
         }
         let restored = engine.restore(devices, at.watermark)?;
-        Ok((Driver::new(engine, at.position, at.fence_pos), restored))
+        let mut driver = Driver::new(engine, at.position, at.fence_pos);
+        driver.recent = RecentParts::from_snapshot(&at.recent);
+        Ok((driver, restored))
     }
 
     /// Keeps only the events produced so far that `keep` accepts (a replay drops those already
@@ -390,14 +407,15 @@ impl Driver {
             position: self.applied,
             fence_pos: self.fence_pos,
             watermark: self.engine.watermark(),
+            recent: self.recent.snapshot(),
         };
-        self.freeze = Some(f);
+        self.freeze = Some(f.clone());
         f
     }
 
     /// The running freeze, while devices are still to be handed out.
-    pub fn frozen(&self) -> Option<Frozen> {
-        self.freeze
+    pub fn frozen(&self) -> Option<&Frozen> {
+        self.freeze.as_ref()
     }
 
     /// Hands out up to `max` frozen devices into `out`; true once the last was handed out (the
@@ -548,18 +566,25 @@ mod tests {
         ];
         let mut once = Driver::new(Engine::new(cfg()), 0, 0);
         let events = run(&records, 0, &mut once);
-        let mut twice = Driver::new(Engine::new(cfg()), 0, 0);
+        let mut first = Driver::new(Engine::new(cfg()), 0, 0);
         let src = One(square());
         for (i, r) in records[..3].iter().enumerate() {
-            twice.apply(i as u64 + 1, r, 0, &src).unwrap();
+            first.apply(i as u64 + 1, r, 0, &src).unwrap();
         }
+        let before = first.take_events();
+        // The memory survives a checkpoint.
+        let frozen = first.freeze(true);
+        assert_eq!(frozen.recent.len(), 2);
+        let mut devices = Vec::new();
+        while !first.checkpoint_chunk(1, &mut devices) {}
+        let (mut twice, _) = Driver::restore(cfg(), [square()], devices, frozen).unwrap();
         // Without the memory, the copy's fixes would be answered late.
         assert_eq!(
             twice.apply(4, &two(1_000), 0, &src),
             Ok(Applied::Fixes(vec![Ok(Ingested::Duplicate); 2]))
         );
         twice.apply(5, &records[3], 0, &src).unwrap();
-        assert_eq!(twice.take_events(), events);
+        assert_eq!([before, twice.take_events()].concat(), events);
         assert_eq!(
             twice.engine().device("truck"),
             once.engine().device("truck")

@@ -13,12 +13,12 @@
 //!   stamps: a copy stamped later is the same part.
 //! - Only parts none of whose fixes was rejected are remembered: a part refused in part
 //!   (`buffer_full`, `too_many_devices`) may be sent again and must be judged again.
-//! - The memory is the last [`RECENT_PARTS`] parts remembered, in log order, and is rebuilt by
-//!   replaying the records after a checkpoint; it is not in the checkpoint, so a copy whose first
-//!   copy is before the checkpoint a partition restored from is judged fix by fix (same state and
-//!   events, `late` rather than `duplicate` in its answer).
+//! - The memory is the last [`RECENT_PARTS`] parts remembered, in log order. A checkpoint holds
+//!   it as of its position, so a restored partition answers a copy as the partition that wrote
+//!   the checkpoint would have.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use crate::fix::Fix;
 
@@ -27,7 +27,7 @@ pub const RECENT_PARTS: usize = 1024;
 
 /// The hash a part is known by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct PartHash(u64);
+pub struct PartHash(pub u64);
 
 impl PartHash {
     /// The hash of a part's fixes, in order.
@@ -71,6 +71,20 @@ impl RecentParts {
         }
     }
 
+    /// The parts remembered, oldest first (what a checkpoint keeps).
+    pub fn snapshot(&self) -> Arc<[u64]> {
+        self.order.iter().map(|h| h.0).collect()
+    }
+
+    /// The memory a checkpoint kept ([`RecentParts::snapshot`]).
+    pub fn from_snapshot(hashes: &[u64]) -> RecentParts {
+        let mut r = RecentParts::default();
+        for &h in hashes {
+            r.remember(PartHash(h));
+        }
+        r
+    }
+
     /// How many parts are remembered.
     pub fn len(&self) -> usize {
         self.order.len()
@@ -107,5 +121,12 @@ mod tests {
         r.remember(PartHash::of(part(0).iter()));
         assert!(!r.contains(first), "the oldest is forgotten first");
         assert_eq!(r.len(), RECENT_PARTS);
+        let again = RecentParts::from_snapshot(&r.snapshot());
+        assert_eq!(
+            again.snapshot(),
+            r.snapshot(),
+            "a snapshot restores the same memory"
+        );
+        assert!(again.contains(PartHash::of(part(0).iter())));
     }
 }

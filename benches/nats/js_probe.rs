@@ -1,0 +1,184 @@
+//! The NATS side of `benches/cluster.sh`'s NATS-server kill: a bare JetStream publisher beside
+//! geodwell, and what the streams and the events stream did meanwhile, all on one clock.
+//!
+//! - Creates stream `BARE` (subject `bare.x`, replicas 3, file storage), steps its leader down
+//!   until it sits on the server that leads `GEODWELL_IN` (so that the kill hits both), and
+//!   prints `{"leader": NAME}` on a line of its own.
+//! - Then, for `--seconds`: publishes 1 KiB messages one after another, each waiting for its
+//!   PubAck up to 5 s (geodwell's own timeout), and logs `[start, end, ok]` (Unix seconds);
+//!   polls the leaders of `GEODWELL_IN`, `GEODWELL_EVENTS` and `BARE` every 100 ms; and reads
+//!   every event the events stream stores from then on, with its store time.
+//! - Prints one JSON object: `bare`, `leaders` (per stream `[t, leader or ""]`), `events` (per
+//!   partition, the store times).
+//!
+//!   cargo run --release --example js_probe -- --servers nats://127.0.0.1:4222,... --seconds 30
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use async_nats::jetstream::{self, consumer, stream};
+use futures_util::StreamExt;
+use serde_json::json;
+
+const FOLLOWED: [&str; 3] = ["GEODWELL_IN", "GEODWELL_EVENTS", "BARE"];
+const ACK_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+async fn leader(js: &jetstream::Context, name: &str) -> String {
+    let info = tokio::time::timeout(Duration::from_secs(1), js.get_stream(name)).await;
+    match info {
+        Ok(Ok(s)) => s
+            .cached_info()
+            .cluster
+            .as_ref()
+            .and_then(|c| c.leader.clone())
+            .unwrap_or_default(),
+        _ => String::new(),
+    }
+}
+
+/// Steps `BARE`'s leader down until it is `GEODWELL_IN`'s.
+async fn colocate(client: &async_nats::Client, js: &jetstream::Context) -> String {
+    for _ in 0..40 {
+        let (target, bare) = (leader(js, "GEODWELL_IN").await, leader(js, "BARE").await);
+        if !target.is_empty() && target == bare {
+            return target;
+        }
+        if !bare.is_empty() {
+            let _ = client
+                .request("$JS.API.STREAM.LEADER.STEPDOWN.BARE", "".into())
+                .await;
+        }
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+    panic!("BARE's leader never moved to GEODWELL_IN's");
+}
+
+async fn publish(js: jetstream::Context, until: Instant) -> Vec<(f64, f64, bool)> {
+    let payload = bytes::Bytes::from(vec![b'x'; 1024]);
+    let mut log = Vec::new();
+    while Instant::now() < until {
+        let s = now();
+        let ok = match js.publish("bare.x", payload.clone()).await {
+            Ok(ack) => matches!(tokio::time::timeout(ACK_TIMEOUT, ack).await, Ok(Ok(_))),
+            Err(_) => false,
+        };
+        log.push((s, now(), ok));
+        if !ok {
+            // An error that comes back at once (no responders) would spin.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    log
+}
+
+async fn leaders(
+    js: jetstream::Context,
+    until: Instant,
+) -> BTreeMap<&'static str, Vec<(f64, String)>> {
+    let mut out: BTreeMap<&str, Vec<(f64, String)>> = BTreeMap::new();
+    while Instant::now() < until {
+        for name in FOLLOWED {
+            let l = leader(&js, name).await;
+            out.entry(name).or_default().push((now(), l));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    out
+}
+
+/// Every event stored after the stream's last sequence at the start, by partition.
+async fn events(js: jetstream::Context, until: Instant) -> BTreeMap<u16, Vec<f64>> {
+    let mut out: BTreeMap<u16, Vec<f64>> = BTreeMap::new();
+    let mut stream = js
+        .get_stream("GEODWELL_EVENTS")
+        .await
+        .expect("events stream");
+    let last = stream
+        .info()
+        .await
+        .expect("events stream info")
+        .state
+        .last_sequence;
+    let consumer = stream
+        .create_consumer(consumer::pull::OrderedConfig {
+            deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: last + 1,
+            },
+            ..Default::default()
+        })
+        .await
+        .expect("ordered consumer");
+    let mut msgs = consumer.messages().await.expect("messages");
+    // Reads until every event stored before `until` is read: 5 s without one after `until`.
+    let mut last = Instant::now();
+    loop {
+        let deadline = if Instant::now() > until { 5 } else { 60 };
+        match tokio::time::timeout(Duration::from_secs(deadline), msgs.next()).await {
+            Ok(Some(Ok(m))) => {
+                last = Instant::now();
+                let p = m.subject.rsplit('.').next().and_then(|p| p.parse().ok());
+                if let (Some(p), Ok(info)) = (p, m.info()) {
+                    let t = info.published.unix_timestamp_nanos() as f64 / 1e9;
+                    out.entry(p).or_default().push(t);
+                }
+            }
+            Ok(Some(Err(_))) => {}
+            Ok(None) => break,
+            Err(_) if Instant::now() > until && last.elapsed() > Duration::from_secs(5) => break,
+            Err(_) => {}
+        }
+    }
+    out
+}
+
+#[tokio::main]
+async fn main() {
+    let servers: Vec<async_nats::ServerAddr> = arg("--servers")
+        .expect("--servers")
+        .split(',')
+        .map(|u| u.parse().expect("a server URL"))
+        .collect();
+    let seconds: u64 = arg("--seconds").map_or(30, |s| s.parse().expect("seconds"));
+    let client = async_nats::ConnectOptions::new()
+        .connection_timeout(Duration::from_secs(5))
+        .request_timeout(Some(ACK_TIMEOUT))
+        .connect(servers)
+        .await
+        .expect("connects");
+    let js = jetstream::new(client.clone());
+    js.get_or_create_stream(stream::Config {
+        name: "BARE".into(),
+        subjects: vec!["bare.x".into()],
+        num_replicas: 3,
+        storage: stream::StorageType::File,
+        ..Default::default()
+    })
+    .await
+    .expect("stream BARE");
+    let target = colocate(&client, &js).await;
+    println!("{}", json!({ "leader": target }));
+    let since = now();
+    let until = Instant::now() + Duration::from_secs(seconds);
+    let (bare, leaders, events) = tokio::join!(
+        publish(js.clone(), until),
+        leaders(js.clone(), until),
+        events(js.clone(), until),
+    );
+    println!(
+        "{}",
+        json!({ "since": since, "bare": bare, "leaders": leaders, "events": events })
+    );
+}
