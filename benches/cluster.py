@@ -12,8 +12,8 @@ nodes as separate processes, then measures, in one run:
      and a survivor's answer times (p50 / p99 / max) from the kill until every partition is
      live again, beside the 5 s before the kill;
   5. a NATS server killed (the input stream's leader) and restarted: when ingest works again,
-     beside a bare JetStream publisher whose stream had the same leader, when the streams had a
-     leader again, and when each partition's events were stored again after that;
+     beside a bare JetStream publisher to the same stream, when the streams had a leader again,
+     and when each partition's events were stored again after that;
   6. checkpoint size and time (from the nodes' metrics).
 
   benches/cluster.py BIN NATS_SERVER OUT_DIR JS_PROBE [--quick]
@@ -351,7 +351,8 @@ def recovered(ops, kill_at):
 def nats_kill(nats, nodes):
     """kill -9 of the NATS server leading the input stream, restarted 10 s later, while a client
     posts 20-fix batches to node g0 and the simulator sends live load with events to g1; beside
-    it, a bare JetStream publisher whose stream has the same leader (benches/nats/js_probe.rs)."""
+    it, a bare JetStream publisher to the same stream (a subject no partition reads), through the
+    same leader election (benches/nats/js_probe.rs)."""
     probe = subprocess.Popen([PROBE, "--servers", nats.urls(), "--seconds", "30"],
                              stdout=subprocess.PIPE, text=True)
     procs.append(probe)

@@ -155,6 +155,8 @@ pub const CLUSTER_PARTITIONS_OWNED: &str = "geodwell_cluster_partitions_owned";
 pub const CLUSTER_NODES: &str = "geodwell_cluster_nodes";
 /// Partitions taken over by this node.
 pub const CLUSTER_TAKEOVERS: &str = "geodwell_cluster_takeovers_total";
+/// Leader elections of the input and events streams this node heard of (`stream`).
+pub const CLUSTER_LEADER_ELECTIONS: &str = "geodwell_cluster_stream_leader_elections_total";
 /// Takeover phase durations.
 pub const CLUSTER_TAKEOVER_SECONDS: &str = "geodwell_cluster_takeover_seconds";
 /// Leases this node lost to another.
@@ -302,6 +304,9 @@ pub fn install() -> PrometheusHandle {
             }
             for reason in ["delete", "idle"] {
                 metrics::counter!(DEVICES_REMOVED, "reason" => reason).absolute(0);
+            }
+            for stream in ["input", "events"] {
+                metrics::counter!(CLUSTER_LEADER_ELECTIONS, "stream" => stream).absolute(0);
             }
             metrics::gauge!(
                 BUILD_INFO,
@@ -644,6 +649,10 @@ fn describe_cluster() {
         "One ingest batch part, from its publish to the input stream's acknowledgement (PubAck)."
     );
     describe_counter!(CLUSTER_TAKEOVERS, "Partitions this node has taken over.");
+    describe_counter!(
+        CLUSTER_LEADER_ELECTIONS,
+        "Leader elections of the input (stream=input) and events (stream=events) streams this node heard of; each makes the stream's readers re-create their consumers."
+    );
     describe_histogram!(
         CLUSTER_TAKEOVER_SECONDS,
         Unit::Seconds,

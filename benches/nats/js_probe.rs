@@ -1,13 +1,14 @@
 //! The NATS side of `benches/cluster.sh`'s NATS-server kill: a bare JetStream publisher beside
 //! geodwell, and what the streams and the events stream did meanwhile, all on one clock.
 //!
-//! - Creates stream `BARE` (subject `bare.x`, replicas 3, file storage), steps its leader down
-//!   until it sits on the server that leads `GEODWELL_IN` (so that the kill hits both), and
-//!   prints `{"leader": NAME}` on a line of its own.
-//! - Then, for `--seconds`: publishes 1 KiB messages one after another, each waiting for its
-//!   PubAck up to 5 s (geodwell's own timeout), and logs `[start, end, ok]` (Unix seconds);
-//!   polls the leaders of `GEODWELL_IN`, `GEODWELL_EVENTS` and `BARE` every 100 ms; and reads
-//!   every event the events stream stores from then on, with its store time.
+//! - Prints `{"leader": NAME}`, the server that leads `GEODWELL_IN`, on a line of its own (the
+//!   bench kills it).
+//! - Then, for `--seconds`: publishes 1 KiB messages one after another to the same stream, on
+//!   subject `geodwell.in.bench` (no partition's; nothing reads it), each waiting for its PubAck
+//!   up to 5 s (geodwell's own timeout), and logs `[start, end, ok]` (Unix seconds): a bare
+//!   publisher through the very leader election geodwell's ingest goes through; polls the
+//!   leaders of `GEODWELL_IN` and `GEODWELL_EVENTS` every 100 ms; and reads every event the
+//!   events stream stores from then on, with its store time.
 //! - Prints one JSON object: `bare`, `leaders` (per stream `[t, leader or ""]`), `events` (per
 //!   partition, the store times).
 //!
@@ -16,11 +17,11 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use async_nats::jetstream::{self, consumer, stream};
+use async_nats::jetstream::{self, consumer};
 use futures_util::StreamExt;
 use serde_json::json;
 
-const FOLLOWED: [&str; 3] = ["GEODWELL_IN", "GEODWELL_EVENTS", "BARE"];
+const FOLLOWED: [&str; 2] = ["GEODWELL_IN", "GEODWELL_EVENTS"];
 const ACK_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn now() -> f64 {
@@ -49,21 +50,16 @@ async fn leader(js: &jetstream::Context, name: &str) -> String {
     }
 }
 
-/// Steps `BARE`'s leader down until it is `GEODWELL_IN`'s.
-async fn colocate(client: &async_nats::Client, js: &jetstream::Context) -> String {
-    for _ in 0..40 {
-        let (target, bare) = (leader(js, "GEODWELL_IN").await, leader(js, "BARE").await);
-        if !target.is_empty() && target == bare {
-            return target;
+/// The leader of `GEODWELL_IN`, once it has one.
+async fn input_leader(js: &jetstream::Context) -> String {
+    for _ in 0..100 {
+        let l = leader(js, "GEODWELL_IN").await;
+        if !l.is_empty() {
+            return l;
         }
-        if !bare.is_empty() {
-            let _ = client
-                .request("$JS.API.STREAM.LEADER.STEPDOWN.BARE", "".into())
-                .await;
-        }
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    panic!("BARE's leader never moved to GEODWELL_IN's");
+    panic!("GEODWELL_IN has no leader");
 }
 
 async fn publish(js: jetstream::Context, until: Instant) -> Vec<(f64, f64, bool)> {
@@ -71,7 +67,7 @@ async fn publish(js: jetstream::Context, until: Instant) -> Vec<(f64, f64, bool)
     let mut log = Vec::new();
     while Instant::now() < until {
         let s = now();
-        let ok = match js.publish("bare.x", payload.clone()).await {
+        let ok = match js.publish("geodwell.in.bench", payload.clone()).await {
             Ok(ack) => matches!(tokio::time::timeout(ACK_TIMEOUT, ack).await, Ok(Ok(_))),
             Err(_) => false,
         };
@@ -158,17 +154,8 @@ async fn main() {
         .connect(servers)
         .await
         .expect("connects");
-    let js = jetstream::new(client.clone());
-    js.get_or_create_stream(stream::Config {
-        name: "BARE".into(),
-        subjects: vec!["bare.x".into()],
-        num_replicas: 3,
-        storage: stream::StorageType::File,
-        ..Default::default()
-    })
-    .await
-    .expect("stream BARE");
-    let target = colocate(&client, &js).await;
+    let js = jetstream::new(client);
+    let target = input_leader(&js).await;
     println!("{}", json!({ "leader": target }));
     let since = now();
     let until = Instant::now() + Duration::from_secs(seconds);

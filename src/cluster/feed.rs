@@ -5,6 +5,9 @@
 //! ordered consumer. An event's `seq` is its stream sequence: gap-free, because nothing but
 //! events goes into the stream and nothing is deleted from its middle.
 //!
+//! When the events stream elects a leader ([`super::elections`]), the consumer is re-created at
+//! once from the log's next `seq` (the old one may have died with its server).
+//!
 //! Invariant: events enter the log in stream order without a gap; when retention removed events
 //! the feed had not read yet (it fell behind by more than the stream keeps), the log continues
 //! after the gap ([`EventLog::skip_to`]) and says so.
@@ -59,19 +62,38 @@ pub async fn follow(
     if log.next_seq() > target {
         caught.send_replace(true);
     }
-    let mut backoff = Duration::from_millis(100);
+    let mut elected = nats.elections.events();
+    let mut backoff = FIRST_BACKOFF;
     while !stop.is_cancelled() {
-        if let Err(e) = follow_once(&nats, &log, target, &caught, &stop).await {
-            tracing::warn!(error = %e, "following the events stream; retrying");
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(backoff) => {}
+        let started = std::time::Instant::now();
+        match follow_once(&nats, &log, target, &caught, &stop, &mut elected).await {
+            Ok(Followed::Stopped) => return,
+            // A new leader: a new consumer at once (the old one may have died with its server).
+            Ok(Followed::Elected) => backoff = FIRST_BACKOFF,
+            Err(e) => {
+                tracing::warn!(error = %e, "following the events stream; retrying");
+                if started.elapsed() > Duration::from_secs(30) {
+                    backoff = FIRST_BACKOFF;
+                }
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
             }
-            backoff = (backoff * 2).min(Duration::from_secs(5));
-        } else {
-            return;
         }
     }
+}
+
+/// The first wait before following the stream again after an error.
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Why one consumer's following ended without an error.
+enum Followed {
+    /// The node stops.
+    Stopped,
+    /// The events stream has a new leader.
+    Elected,
 }
 
 async fn follow_once(
@@ -80,7 +102,8 @@ async fn follow_once(
     target: u64,
     caught: &watch::Sender<bool>,
     stop: &CancellationToken,
-) -> Result<(), NatsError> {
+    elected: &mut watch::Receiver<u64>,
+) -> Result<Followed, NatsError> {
     let consumer = nats
         .events
         .create_consumer(pull::OrderedConfig {
@@ -100,7 +123,8 @@ async fn follow_once(
     let mut batch: Vec<LoggedEvent> = Vec::with_capacity(BATCH);
     loop {
         let first = tokio::select! {
-            _ = stop.cancelled() => return Ok(()),
+            _ = stop.cancelled() => return Ok(Followed::Stopped),
+            Ok(()) = elected.changed() => return Ok(Followed::Elected),
             m = messages.next() => m,
         };
         let mut next = first;

@@ -33,7 +33,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::HeaderMap;
+use async_nats::jetstream::context::{
+    PublishAckFuture, PublishError as JsPublishError, PublishErrorKind,
+};
 use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::publish::PublishAck;
 use futures_util::StreamExt;
 use metrics::counter;
 use tokio::sync::{Semaphore, mpsc, oneshot};
@@ -393,28 +397,52 @@ async fn publish(
             .insert(req, otx);
         let mut headers = HeaderMap::new();
         headers.insert(REPLY_HEADER, format!("{node}.{req}").as_str());
-        let record = std::mem::take(&mut job.record);
+        let payload = bytes::Bytes::from(std::mem::take(&mut job.record));
         let msg = PublishMessage::build()
             .message_id(&job.msg_id)
             .headers(headers)
-            .payload(record.into());
+            .payload(payload);
         let published = std::time::Instant::now();
-        let sent = nats.js.send_publish(in_subject(job.p), msg).await;
-        let waits = waits.clone();
+        let elected = nats.elections.input();
+        let sent = nats.js.send_publish(in_subject(job.p), msg.clone()).await;
+        let (waits, nats) = (waits.clone(), nats.clone());
         tokio::spawn(async move {
             let _permit = permit;
-            let ack = match sent {
-                Ok(f) => tokio::time::timeout(REQUEST_TIMEOUT, f.into_future())
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(async_nats::jetstream::context::PublishError::new(
-                            async_nats::jetstream::context::PublishErrorKind::TimedOut,
-                        ))
-                    }),
-                Err(e) => Err(e),
-            };
+            let ack = acknowledged(&nats, job.p, msg, sent, elected).await;
             answer(job, req, ack, orx, published, &waits).await;
         });
+    }
+}
+
+/// A part's acknowledgement within [`REQUEST_TIMEOUT`] of its publish. When the input stream
+/// elects a leader meanwhile ([`super::elections`]), the part is published again at once with the
+/// same id, not after the timeout: the old leader's acknowledgement will not come, and a copy
+/// it stored is dropped by the stream or, failing that, answered as a duplicate by the owner.
+/// A copy found in the stream by such a re-publish is this part's own first one: it is
+/// answered as stored, not as a duplicate (the owner answers its fixes, named by the same reply
+/// header).
+async fn acknowledged(
+    nats: &Nats,
+    p: u16,
+    msg: PublishMessage,
+    sent: Result<PublishAckFuture, JsPublishError>,
+    mut elected: tokio::sync::watch::Receiver<u64>,
+) -> Result<PublishAck, JsPublishError> {
+    let deadline = tokio::time::Instant::now() + REQUEST_TIMEOUT;
+    let mut pending = sent?;
+    let mut again = false;
+    loop {
+        tokio::select! {
+            ack = tokio::time::timeout_at(deadline, pending.into_future()) => {
+                let mut ack = ack.unwrap_or_else(|_| Err(JsPublishError::new(PublishErrorKind::TimedOut)))?;
+                ack.duplicate &= !again;
+                return Ok(ack);
+            }
+            Ok(()) = elected.changed() => {
+                pending = nats.js.send_publish(in_subject(p), msg.clone()).await?;
+                again = true;
+            }
+        }
     }
 }
 
@@ -423,10 +451,7 @@ async fn publish(
 async fn answer(
     job: Job,
     req: u64,
-    ack: Result<
-        async_nats::jetstream::publish::PublishAck,
-        async_nats::jetstream::context::PublishError,
-    >,
+    ack: Result<PublishAck, JsPublishError>,
     outcomes: oneshot::Receiver<Vec<Outcome>>,
     published: std::time::Instant,
     waits: &Waits,

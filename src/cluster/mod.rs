@@ -23,6 +23,7 @@
 
 pub mod assign;
 pub mod checkpoint;
+pub mod elections;
 pub mod feed;
 pub mod fences;
 pub mod ingest;

@@ -20,6 +20,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, kv, object_store, stream};
 use thiserror::Error;
 
+use super::elections::{self, Elections};
 use crate::config::ClusterConfig;
 
 /// The input stream.
@@ -169,6 +170,8 @@ pub struct Nats {
     pub replicas: usize,
     /// The largest message the server takes.
     pub max_payload: usize,
+    /// Leader elections of the input and events streams.
+    pub elections: Elections,
 }
 
 impl std::fmt::Debug for Nats {
@@ -194,7 +197,17 @@ impl Nats {
         events_max_msgs: usize,
     ) -> Result<Nats, NatsError> {
         let urls = cfg.nats_urls.join(",");
+        let (announcer, elections) = elections::channels();
+        let on_event = announcer.clone();
         let client = async_nats::ConnectOptions::new()
+            .event_callback(move |event| {
+                let on_event = on_event.clone();
+                async move {
+                    if matches!(event, async_nats::Event::Connected) {
+                        on_event.reconnected();
+                    }
+                }
+            })
             .name(format!("geodwell {}", cfg.node_id))
             .max_reconnects(None)
             .connection_timeout(Duration::from_secs(5))
@@ -323,7 +336,12 @@ impl Nats {
             .await
             .map_err(|e| setup(FENCES_STREAM, e))?;
         let objects = object_bucket(&js, replicas).await?;
+        announcer
+            .follow(&client, IN_STREAM, EVENTS_STREAM)
+            .await
+            .map_err(|e| setup("the stream leader advisories", e))?;
         Ok(Nats {
+            elections,
             max_payload: info.max_payload.max(64 * 1024),
             client,
             js,

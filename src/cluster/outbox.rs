@@ -11,7 +11,10 @@
 //!   its checkpoint (read at takeover), re-reads the subject when a publish is refused while
 //!   it holds the lease, suppresses what it finds there, and goes on;
 //! - an event whose publish timed out is published again with the same id and expectation: it
-//!   is stored once.
+//!   is stored once;
+//! - when the events stream elects a leader ([`super::elections`]), a publish waiting for its
+//!   acknowledgement (or a retry waiting out its backoff) is sent again at once, not after the
+//!   acknowledgement's 5 s timeout.
 //!
 //! The outbox publishes one event at a time per partition (the expectation needs the previous
 //! event's sequence); partitions publish in parallel.
@@ -171,6 +174,7 @@ async fn run(
 ) {
     let subject = ev_subject(p);
     let label = p.to_string();
+    let mut elected = nats.elections.events();
     while let Some(ev) = rx.recv().await {
         let id = ev.id.0;
         if suppress.remove(&id) {
@@ -201,8 +205,18 @@ async fn run(
                 .payload(body.clone());
             let started = std::time::Instant::now();
             let ack = match nats.js.send_publish(subject.clone(), msg).await {
-                Ok(f) => f.await,
-                Err(e) => Err(e),
+                Ok(f) => tokio::select! {
+                    a = std::future::IntoFuture::into_future(f) => Some(a),
+                    Ok(()) = elected.changed() => None,
+                },
+                Err(e) => Some(Err(e)),
+            };
+            let Some(ack) = ack else {
+                // The stream has a new leader: publish again at once, not after the
+                // acknowledgement's timeout (a copy the old leader stored is found by the
+                // expected last sequence).
+                backoff = Duration::from_millis(50);
+                continue;
             };
             match ack {
                 Ok(a) if !a.duplicate => {
@@ -251,7 +265,10 @@ async fn run(
                 Err(e) => {
                     tracing::debug!(partition = %label, error = %e, "event publish failed; retrying");
                     metrics::counter!(t::CLUSTER_PUBLISH_RETRIES).increment(1);
-                    tokio::time::sleep(backoff).await;
+                    tokio::select! {
+                        () = tokio::time::sleep(backoff) => {}
+                        Ok(()) = elected.changed() => {}
+                    }
                     backoff = (backoff * 2).min(Duration::from_secs(2));
                 }
             }

@@ -23,6 +23,11 @@
 //! stops taking input, waits for its outbox, and writes a final checkpoint, so the next owner
 //! replays nothing.
 //!
+//! When the input stream elects a leader ([`super::elections`]), the input consumer is
+//! re-created from the record after the last one applied: an ordered consumer lives on one
+//! server, and the one that died with its server would otherwise be noticed only after two
+//! missed heartbeats (its pull requests expire after 5 s, its heartbeat is half of that).
+//!
 //! Invariants: the backend acts on the partition (ticks, removals, checkpoints, publishing)
 //! only while its lease is valid; the task ends when the lease is lost; every query taken is
 //! answered.
@@ -156,23 +161,8 @@ async fn start(
         .subscribe(query_subject(p))
         .await
         .map_err(|e| NatsError::request("subscribe to partition queries", e))?;
-    let consumer = sh
-        .nats
-        .input
-        .create_consumer(pull::OrderedConfig {
-            filter_subject: in_subject(p),
-            deliver_policy: DeliverPolicy::ByStartSequence {
-                start_sequence: driver.applied() + 1,
-            },
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| NatsError::request("partition input consumer", e))?;
-    let caught_up = consumer.cached_info().num_pending == 0;
-    let messages = consumer
-        .messages()
-        .await
-        .map_err(|e| NatsError::request("partition input consumer", e))?;
+    let elected = sh.nats.elections.input();
+    let (messages, caught_up) = input_consumer(&sh, p, driver.applied() + 1).await?;
     let times = TakeoverTimes {
         restore_ms,
         suppress_ms,
@@ -216,6 +206,7 @@ async fn start(
         outbox,
         outbox_task,
         messages,
+        elected,
         queries,
         control,
         caught_up,
@@ -237,6 +228,34 @@ async fn start(
 /// The ordered consumer of the partition's input.
 type Messages = async_nats::jetstream::consumer::pull::Ordered;
 
+/// How long a pull request of the input consumer lives: its idle heartbeat is half of it, and
+/// two missed heartbeats make the client library re-create the consumer (when no leader
+/// election announced the loss first).
+const INPUT_PULL_EXPIRES: Duration = Duration::from_secs(5);
+
+/// The partition's input from stream sequence `from`, and whether nothing is pending.
+async fn input_consumer(sh: &Shared, p: u16, from: u64) -> Result<(Messages, bool), NatsError> {
+    let consumer = sh
+        .nats
+        .input
+        .create_consumer(pull::OrderedConfig {
+            filter_subject: in_subject(p),
+            deliver_policy: DeliverPolicy::ByStartSequence {
+                start_sequence: from,
+            },
+            max_expires: INPUT_PULL_EXPIRES,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| NatsError::request("partition input consumer", e))?;
+    let caught_up = consumer.cached_info().num_pending == 0;
+    let messages = consumer
+        .messages()
+        .await
+        .map_err(|e| NatsError::request("partition input consumer", e))?;
+    Ok((messages, caught_up))
+}
+
 /// One partition's backend.
 struct Partition {
     p: u16,
@@ -246,6 +265,8 @@ struct Partition {
     outbox: Outbox,
     outbox_task: tokio::task::JoinHandle<()>,
     messages: Messages,
+    /// The input stream's leader elections: the consumer is re-created on each.
+    elected: tokio::sync::watch::Receiver<u64>,
     queries: async_nats::Subscriber,
     control: mpsc::Receiver<Control>,
     /// The input read so far reached the stream's end once (replay done).
@@ -273,10 +294,35 @@ struct Partition {
 enum Got {
     Work(Work<Ticket>),
     Message(Option<Result<Box<async_nats::jetstream::Message>, NatsError>>),
+    /// The input stream has a new leader.
+    Elected,
     Again,
 }
 
 impl Partition {
+    /// Re-creates the input consumer from `from` after a leader election of the input stream
+    /// (see [`super::elections`]); keeps the old one, whose library recovers it later, when the
+    /// new leader does not answer within about 2 s.
+    async fn resubscribe(&mut self, from: u64) {
+        for attempt in 1..=8 {
+            match input_consumer(&self.sh, self.p, from).await {
+                Ok((messages, _)) => {
+                    self.messages = messages;
+                    tracing::debug!(
+                        partition = self.p,
+                        from,
+                        "input consumer re-created after a leader election"
+                    );
+                    return;
+                }
+                Err(e) if attempt == 8 => {
+                    tracing::warn!(partition = self.p, error = %e, "input consumer not re-created after a leader election; the old one recovers on its own");
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+            }
+        }
+    }
+
     /// Turns an input message into a record (waiting for this node's fence log to reach a
     /// fence marker), or why the partition must stop.
     async fn record(
@@ -506,6 +552,7 @@ impl Backend for Partition {
                     Some(Control::Query(q)) => Work::Query(q),
                     Some(Control::Stop) | None => Work::Stop(Stop::Asked),
                 }),
+                Ok(()) = self.elected.changed() => Got::Elected,
                 m = self.messages.next() => Got::Message(
                     m.map(|r| r.map(Box::new).map_err(|e| NatsError::request("partition input", e))),
                 ),
@@ -525,6 +572,7 @@ impl Backend for Partition {
             match got {
                 Got::Work(w) => return w,
                 Got::Again => continue,
+                Got::Elected => self.resubscribe(driver.applied() + 1).await,
                 Got::Message(None) => {
                     self.failed = Some(NatsError::request("partition input", "consumer ended"));
                     return Work::Stop(Stop::Lost);

@@ -80,6 +80,7 @@ impl Clock {
 /// Runs a partition until its backend stops it; returns what the backend reports.
 pub async fn run<B: Backend>(mut driver: Driver, mut backend: B, ctx: PartitionCtx) -> B::Ended {
     let label = ctx.partition.to_string();
+    let gauges = Gauges::new(&label);
     let mut clock = Clock {
         event_w: ctx.watermark.subscribe(),
         watermark: ctx.watermark.clone(),
@@ -94,7 +95,7 @@ pub async fn run<B: Backend>(mut driver: Driver, mut backend: B, ctx: PartitionC
         if !backend.flush(&mut driver).await {
             break Stop::Lost;
         }
-        report(&driver, &label);
+        gauges.report(&driver);
         if driver.carried() > 0 {
             work_off(&mut driver, &label);
             if !backend.flush(&mut driver).await {
@@ -115,7 +116,8 @@ pub async fn run<B: Backend>(mut driver: Driver, mut backend: B, ctx: PartitionC
         if let Some(w) = clock.now() {
             backend.tick(&mut driver, w).await;
             if let Some(ew) = driver.watermark() {
-                gauge!(t::WATERMARK_LAG_SECONDS, "shard" => label.clone())
+                gauges
+                    .watermark_lag
                     .set(ctx.watermark.wall().now().since(ew).as_secs_f64().max(0.0));
             }
         }
@@ -134,7 +136,7 @@ pub async fn run<B: Backend>(mut driver: Driver, mut backend: B, ctx: PartitionC
             backend.housekeeping(&driver).await;
         }
     };
-    report(&driver, &label);
+    gauges.report(&driver);
     backend.finish(driver, stop).await
 }
 
@@ -240,14 +242,40 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 /// The partition's gauges.
-fn report(driver: &Driver, label: &str) {
-    let s = driver.engine().stats();
-    let l = label.to_string();
-    gauge!(t::PAIRS_LIVE, "shard" => l.clone()).set(s.pairs as f64);
-    gauge!(t::DEVICES, "shard" => l.clone()).set(s.devices as f64);
-    gauge!(t::FIXES_BUFFERED, "shard" => l.clone()).set(s.buffered as f64);
-    gauge!(t::WHEEL_TIMERS_LIVE, "shard" => l.clone())
-        .set(s.wheel.entries.saturating_sub(s.wheel.tombstones) as f64);
-    gauge!(t::WHEEL_TOMBSTONES, "shard" => l.clone()).set(s.wheel.tombstones as f64);
-    gauge!(t::WHEEL_CARRY, "shard" => l).set(s.wheel.carry as f64);
+/// A partition's gauges, looked up once: setting one is then a store, where a lookup by name and
+/// label costs an allocation and a registry search at every turn of the loop.
+struct Gauges {
+    pairs: metrics::Gauge,
+    devices: metrics::Gauge,
+    buffered: metrics::Gauge,
+    timers: metrics::Gauge,
+    tombstones: metrics::Gauge,
+    carry: metrics::Gauge,
+    watermark_lag: metrics::Gauge,
+}
+
+impl Gauges {
+    fn new(label: &str) -> Gauges {
+        let g = |name: &'static str| gauge!(name, "shard" => label.to_string());
+        Gauges {
+            pairs: g(t::PAIRS_LIVE),
+            devices: g(t::DEVICES),
+            buffered: g(t::FIXES_BUFFERED),
+            timers: g(t::WHEEL_TIMERS_LIVE),
+            tombstones: g(t::WHEEL_TOMBSTONES),
+            carry: g(t::WHEEL_CARRY),
+            watermark_lag: g(t::WATERMARK_LAG_SECONDS),
+        }
+    }
+
+    fn report(&self, driver: &Driver) {
+        let s = driver.engine().stats();
+        self.pairs.set(s.pairs as f64);
+        self.devices.set(s.devices as f64);
+        self.buffered.set(s.buffered as f64);
+        self.timers
+            .set(s.wheel.entries.saturating_sub(s.wheel.tombstones) as f64);
+        self.tombstones.set(s.wheel.tombstones as f64);
+        self.carry.set(s.wheel.carry as f64);
+    }
 }
