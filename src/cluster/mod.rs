@@ -31,6 +31,7 @@ pub mod lease;
 pub mod nats;
 pub mod node;
 pub mod outbox;
+pub mod outcome;
 pub mod partition;
 pub mod query;
 pub mod shared;

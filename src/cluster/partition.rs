@@ -47,10 +47,11 @@ use metrics::{counter, gauge, histogram};
 use tokio::sync::mpsc;
 
 use super::checkpoint::{self, Encoder, Pointer};
-use super::ingest::{REPLY_HEADER, encode_outcomes};
+use super::ingest::REPLY_HEADER;
 use super::lease::Lease;
 use super::nats::{NatsError, in_subject, outcome_subject, query_subject};
 use super::outbox::{self, Outbox};
+use super::outcome::encode_outcomes;
 use super::query;
 use super::shared::Shared;
 use super::status::{Phase, TakeoverTimes};
