@@ -383,7 +383,10 @@ def nats_kill(nats, nodes):
     back = {}
     for name, polls in v["leaders"].items():
         back[name] = min((t for t, l in polls if t >= kill_at and l and l != leader), default=None)
-    ev_leader = max((back[n] for n in ("GEODWELL_IN", "GEODWELL_EVENTS") if back.get(n)), default=None)
+    # A partition publishes events only while it can renew its lease: the streams it needs are
+    # the input, the events and the lease bucket's.
+    ev_leader = max((back[n] for n in ("GEODWELL_IN", "GEODWELL_EVENTS", "KV_geodwell_leases")
+                     if back.get(n)), default=None)
     resumed = []
     for p, times in v["events"].items():
         first = min((x for x in times if ev_leader and x >= ev_leader), default=None)

@@ -7,8 +7,8 @@
 //!   subject `geodwell.in.bench` (no partition's; nothing reads it), each waiting for its PubAck
 //!   up to 5 s (geodwell's own timeout), and logs `[start, end, ok]` (Unix seconds): a bare
 //!   publisher through the very leader election geodwell's ingest goes through; polls the
-//!   leaders of `GEODWELL_IN` and `GEODWELL_EVENTS` every 100 ms; and reads every event the
-//!   events stream stores from then on, with its store time.
+//!   leaders of `GEODWELL_IN`, `GEODWELL_EVENTS` and the lease bucket's stream every 100 ms;
+//!   and reads every event the events stream stores from then on, with its store time.
 //! - Prints one JSON object: `bare`, `leaders` (per stream `[t, leader or ""]`), `events` (per
 //!   partition, the store times).
 //!
@@ -21,7 +21,9 @@ use async_nats::jetstream::{self, consumer};
 use futures_util::StreamExt;
 use serde_json::json;
 
-const FOLLOWED: [&str; 2] = ["GEODWELL_IN", "GEODWELL_EVENTS"];
+/// The input and events streams, and the lease bucket's stream (an owner publishes only while
+/// it can renew its lease).
+const FOLLOWED: [&str; 3] = ["GEODWELL_IN", "GEODWELL_EVENTS", "KV_geodwell_leases"];
 const ACK_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn now() -> f64 {

@@ -4,7 +4,7 @@
 //! One membership task runs rounds, every `min(lease_ttl / 3, 1 s)` and whenever a lease is
 //! released anywhere:
 //! 1. write this node's heartbeat (its entry in the nodes bucket, with its partitions' status);
-//! 2. renew every lease it holds; a lease found taken makes its partition stand down;
+//! 2. reap the partitions that ended (a lease found taken made its partition stand down);
 //! 3. read the live nodes and the lease holders, and assign every partition an owner
 //!    (rendezvous hashing with bounded loads, [`super::assign::owners`]: no node owns more than
 //!    `ceil(P / N)`);
@@ -17,6 +17,10 @@
 //!    back and forth while membership settles);
 //! 6. as owner of partition 0, compact the fence stream when every partition's checkpoint
 //!    allows it.
+//!
+//! The leases the node holds are renewed by a task of their own at the same pace, not by the
+//! rounds: a round can wait seconds on a bucket whose leader is being elected, and renewals
+//! waiting behind it would let every lease of the node expire.
 //!
 //! A graceful stop removes the node's heartbeat first (the others stop ranking it), then stops
 //! its partitions with a final checkpoint each and releases their leases: the others take them
@@ -73,7 +77,7 @@ pub struct Runtime {
     leases: Leases,
     parts: Mutex<BTreeMap<u16, Running>>,
     kick: Notify,
-    /// The node is leaving: rounds renew what it holds and take nothing.
+    /// The node is leaving: the renewer keeps what it holds and rounds take nothing.
     leaving: std::sync::atomic::AtomicBool,
     /// Leases of partitions stopping for good (renewed until they are released).
     holding: Mutex<Vec<Arc<Lease>>>,
@@ -211,7 +215,7 @@ impl Runtime {
                 .filter_map(|(p, _, _)| g.remove(p).map(|r| (*p, r)))
                 .collect()
         };
-        // Renewals go on for what is stopping: the rounds renew the leases of `holding`.
+        // Renewals go on for what is stopping: the renewer renews the leases of `holding`.
         *self.holding.lock().unwrap_or_else(|p| p.into_inner()) =
             all.iter().map(|(_, r)| r.lease.clone()).collect();
         let mut waits = Vec::new();
@@ -574,6 +578,7 @@ pub async fn run_membership(m: Membership, ready: watch::Sender<bool>, stop: Can
             }
         })
     };
+    let renewer = tokio::spawn(renew_loop(m.runtime.clone(), every, stop.clone()));
     loop {
         round += 1;
         if let Err(e) = membership_round(&m, &mut free_since, &mut view, round).await {
@@ -588,6 +593,48 @@ pub async fn run_membership(m: Membership, ready: watch::Sender<bool>, stop: Can
         }
     }
     kick_watch.abort();
+    let _ = renewer.await;
+}
+
+/// Renews the leases this node holds every `every` until `stop`, on a task of its own: a
+/// membership round can wait seconds on a bucket whose leader is being elected (the nodes
+/// bucket, a read of the lease holders), and renewals waiting behind it let every lease of the
+/// node expire, standing all its partitions down.
+async fn renew_loop(rt: Arc<Runtime>, every: Duration, stop: CancellationToken) {
+    loop {
+        renew_held(&rt).await;
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
+/// Renews every lease of a running partition and, while the node leaves, of those stopping.
+async fn renew_held(rt: &Runtime) {
+    let mut held: Vec<(Option<u16>, Arc<Lease>)> = rt
+        .lock()
+        .iter()
+        .map(|(p, r)| (Some(*p), r.lease.clone()))
+        .collect();
+    if rt.is_leaving() {
+        let holding = rt.holding.lock().unwrap_or_else(|p| p.into_inner());
+        held.extend(
+            holding
+                .iter()
+                .filter(|l| !l.is_lost())
+                .map(|l| (None, l.clone())),
+        );
+    }
+    let results =
+        futures_util::future::join_all(held.iter().map(|(_, l)| rt.leases.renew(l))).await;
+    for ((p, _), r) in held.iter().zip(results) {
+        if r == Renewed::Lost
+            && let Some(p) = p
+        {
+            tracing::warn!(partition = p, "lease taken by another node");
+        }
+    }
 }
 
 async fn membership_round(
@@ -599,20 +646,10 @@ async fn membership_round(
     let rt = &m.runtime;
     let ttl = m.nats.lease_ttl;
     if rt.is_leaving() {
-        // Only keep what is held alive while it stops.
-        let mut held: Vec<Arc<Lease>> = rt.lock().values().map(|r| r.lease.clone()).collect();
-        held.extend(
-            rt.holding
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .iter()
-                .filter(|l| !l.is_lost())
-                .cloned(),
-        );
-        futures_util::future::join_all(held.iter().map(|l| rt.leases.renew(l))).await;
+        // The renewer keeps what is held alive while it stops; nothing else to do.
         return Ok(());
     }
-    // 1. Heartbeat.
+    // 1. Heartbeat (the leases are renewed by their own task, [`renew_held`]).
     let hb = Heartbeat {
         node: m.node.clone(),
         http: m.http.clone(),
@@ -620,25 +657,13 @@ async fn membership_round(
         partitions: rt.board().all(),
         sinks: (m.sinks.0)(),
     };
-    m.nats
+    let beat = m
+        .nats
         .nodes
         .put(&m.node, serde_json::to_vec(&hb).unwrap_or_default().into())
-        .await
-        .map_err(|e| NatsError::request("heartbeat", e))?;
-    // 2. Renew.
-    let held: Vec<(u16, Arc<Lease>)> = rt
-        .lock()
-        .iter()
-        .map(|(p, r)| (*p, r.lease.clone()))
-        .collect();
-    let renewals = held.iter().map(|(_, l)| rt.leases.renew(l));
-    let results = futures_util::future::join_all(renewals).await;
-    for ((p, _), r) in held.iter().zip(results) {
-        if r == Renewed::Lost {
-            tracing::warn!(partition = p, "lease taken by another node");
-        }
-    }
+        .await;
     rt.reap().await;
+    beat.map_err(|e| NatsError::request("heartbeat", e))?;
     // 3. Who is live, who holds what.
     let (live, departed) = read_nodes(&m.nats).await?;
     m.lags.set_all(
