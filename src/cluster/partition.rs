@@ -24,9 +24,11 @@
 //! replays nothing.
 //!
 //! When the input stream elects a leader ([`super::elections`]), the input consumer is
-//! re-created from the record after the last one applied: an ordered consumer lives on one
-//! server, and the one that died with its server would otherwise be noticed only after two
-//! missed heartbeats (its pull requests expire after 5 s, its heartbeat is half of that).
+//! re-created from the record after the last one applied, beside the partition's work (the old
+//! consumer goes on until the new one is made; tries of at most 1 s, for about 30 s): an ordered
+//! consumer lives on one server, and the one that died with its server would otherwise be
+//! noticed only after two missed heartbeats (its pull requests expire after 5 s, its heartbeat
+//! is half of that).
 //!
 //! Invariants: the backend acts on the partition (ticks, removals, checkpoints, publishing)
 //! only while its lease is valid; the task ends when the lease is lost; every query taken is
@@ -208,6 +210,7 @@ async fn start(
         outbox_task,
         messages,
         elected,
+        resubscribing: None,
         queries,
         control,
         caught_up,
@@ -257,6 +260,34 @@ async fn input_consumer(sh: &Shared, p: u16, from: u64) -> Result<(Messages, boo
     Ok((messages, caught_up))
 }
 
+/// How long one try to re-create the input consumer after a leader election may take (the
+/// consumer is made through the JetStream meta leader, which may itself be being elected).
+const RESUBSCRIBE_TRY: Duration = Duration::from_secs(1);
+
+/// Tries to re-create the input consumer from `from` for about 30 s, a try of at most
+/// [`RESUBSCRIBE_TRY`] every 250 ms; `None` when none succeeded (the old consumer, which the
+/// client library recovers on its own, stays).
+async fn resubscribe(sh: Arc<Shared>, p: u16, from: u64) -> Option<Messages> {
+    for _ in 0..24 {
+        match tokio::time::timeout(RESUBSCRIBE_TRY, input_consumer(&sh, p, from)).await {
+            Ok(Ok((messages, _))) => return Some(messages),
+            Ok(Err(e)) => {
+                tracing::debug!(partition = p, error = %e, "re-creating the input consumer")
+            }
+            Err(_) => tracing::debug!(partition = p, "re-creating the input consumer: timed out"),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    tracing::warn!(
+        partition = p,
+        "input consumer not re-created after a leader election; the old one recovers on its own"
+    );
+    None
+}
+
+/// A re-creation of the input consumer under way.
+type Resubscribing = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Messages>> + Send>>;
+
 /// One partition's backend.
 struct Partition {
     p: u16,
@@ -268,6 +299,8 @@ struct Partition {
     messages: Messages,
     /// The input stream's leader elections: the consumer is re-created on each.
     elected: tokio::sync::watch::Receiver<u64>,
+    /// The input consumer being re-created after an election, while the old one goes on.
+    resubscribing: Option<Resubscribing>,
     queries: async_nats::Subscriber,
     control: mpsc::Receiver<Control>,
     /// The input read so far reached the stream's end once (replay done).
@@ -297,33 +330,12 @@ enum Got {
     Message(Option<Result<Box<async_nats::jetstream::Message>, NatsError>>),
     /// The input stream has a new leader.
     Elected,
+    /// A re-created input consumer (`None`: none could be made).
+    Resubscribed(Option<Box<Messages>>),
     Again,
 }
 
 impl Partition {
-    /// Re-creates the input consumer from `from` after a leader election of the input stream
-    /// (see [`super::elections`]); keeps the old one, whose library recovers it later, when the
-    /// new leader does not answer within about 2 s.
-    async fn resubscribe(&mut self, from: u64) {
-        for attempt in 1..=8 {
-            match input_consumer(&self.sh, self.p, from).await {
-                Ok((messages, _)) => {
-                    self.messages = messages;
-                    tracing::debug!(
-                        partition = self.p,
-                        from,
-                        "input consumer re-created after a leader election"
-                    );
-                    return;
-                }
-                Err(e) if attempt == 8 => {
-                    tracing::warn!(partition = self.p, error = %e, "input consumer not re-created after a leader election; the old one recovers on its own");
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
-            }
-        }
-    }
-
     /// Turns an input message into a record (waiting for this node's fence log to reach a
     /// fence marker), or why the partition must stop.
     async fn record(
@@ -546,6 +558,8 @@ impl Backend for Partition {
     async fn next(&mut self, driver: &Driver) -> Work<Ticket> {
         loop {
             let can_checkpoint = self.freeze.is_none() && self.writing.is_none();
+            let resubscribing_on = self.resubscribing.is_some();
+            let resubscribing = &mut self.resubscribing;
             let got = tokio::select! {
                 biased;
                 _ = self.lease.lost().cancelled() => Got::Work(Work::Stop(Stop::Lost)),
@@ -554,6 +568,7 @@ impl Backend for Partition {
                     Some(Control::Stop) | None => Work::Stop(Stop::Asked),
                 }),
                 Ok(()) = self.elected.changed() => Got::Elected,
+                m = async { resubscribing.as_mut().expect("guarded").await }, if resubscribing_on => Got::Resubscribed(m.map(Box::new)),
                 m = self.messages.next() => Got::Message(
                     m.map(|r| r.map(Box::new).map_err(|e| NatsError::request("partition input", e))),
                 ),
@@ -573,7 +588,23 @@ impl Backend for Partition {
             match got {
                 Got::Work(w) => return w,
                 Got::Again => continue,
-                Got::Elected => self.resubscribe(driver.applied() + 1).await,
+                Got::Elected => {
+                    // From the record after the last one applied: what the old consumer
+                    // delivers meanwhile is applied, and delivered again by the new one, which
+                    // skips it (at or before the driver's position).
+                    let from = driver.applied() + 1;
+                    self.resubscribing = Some(Box::pin(resubscribe(self.sh.clone(), self.p, from)));
+                }
+                Got::Resubscribed(m) => {
+                    self.resubscribing = None;
+                    if let Some(m) = m {
+                        self.messages = *m;
+                        tracing::debug!(
+                            partition = self.p,
+                            "input consumer re-created after a leader election"
+                        );
+                    }
+                }
                 Got::Message(None) => {
                     self.failed = Some(NatsError::request("partition input", "consumer ended"));
                     return Work::Stop(Stop::Lost);
