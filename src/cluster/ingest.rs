@@ -335,15 +335,7 @@ impl ClusterIngest {
 fn part_id(p: u16, fixes: &[StampedFix]) -> String {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     h.update(&p.to_le_bytes());
-    for s in fixes {
-        let f = &s.fix;
-        h.update(&(f.device.len() as u64).to_le_bytes());
-        h.update(f.device.as_bytes());
-        h.update(&f.ts.0.to_le_bytes());
-        h.update(&f.lat.to_bits().to_le_bytes());
-        h.update(&f.lon.to_bits().to_le_bytes());
-        h.update(&f.accuracy.map_or(u64::MAX, f64::to_bits).to_le_bytes());
-    }
+    geodwell_core::partition::recent::feed_fixes(&mut h, fixes.iter().map(|s| &s.fix));
     format!("fx-{p}-{:032x}", h.digest128())
 }
 

@@ -193,24 +193,20 @@ impl<'a> Reader<'a> {
 
     /// A little-endian `f64`.
     pub fn f64(&mut self) -> Result<f64, DecodeError> {
-        let end = self.at + 8;
-        let bytes = self
-            .b
-            .get(self.at..end)
-            .ok_or_else(|| self.err("truncated f64"))?;
-        self.at = end;
-        Ok(f64::from_le_bytes(bytes.try_into().expect("8 bytes")))
+        self.eight("truncated f64").map(f64::from_le_bytes)
     }
 
     /// A little-endian `u64`.
     pub fn u64_le(&mut self) -> Result<u64, DecodeError> {
+        self.eight("truncated u64").map(u64::from_le_bytes)
+    }
+
+    /// The next 8 bytes (`what` names them when they are missing).
+    fn eight(&mut self, what: &str) -> Result<[u8; 8], DecodeError> {
         let end = self.at + 8;
-        let bytes = self
-            .b
-            .get(self.at..end)
-            .ok_or_else(|| self.err("truncated u64"))?;
+        let bytes = self.b.get(self.at..end).ok_or_else(|| self.err(what))?;
         self.at = end;
-        Ok(u64::from_le_bytes(bytes.try_into().expect("8 bytes")))
+        Ok(bytes.try_into().expect("8 bytes"))
     }
 
     /// A length no longer than the bytes left (each element takes one at least).

@@ -33,15 +33,21 @@ impl PartHash {
     /// The hash of a part's fixes, in order.
     pub fn of<'a>(fixes: impl Iterator<Item = &'a Fix>) -> PartHash {
         let mut h = xxhash_rust::xxh3::Xxh3::new();
-        for f in fixes {
-            h.update(&(f.device.len() as u64).to_le_bytes());
-            h.update(f.device.as_bytes());
-            h.update(&f.ts.0.to_le_bytes());
-            h.update(&f.lat.to_bits().to_le_bytes());
-            h.update(&f.lon.to_bits().to_le_bytes());
-            h.update(&f.accuracy.map_or(u64::MAX, f64::to_bits).to_le_bytes());
-        }
+        feed_fixes(&mut h, fixes);
         PartHash(h.digest())
+    }
+}
+
+/// Feeds what identifies a part's fixes (device, `ts`, position, accuracy; not their stamps)
+/// into `h`: the part memory's hash here, and a cluster part's `Nats-Msg-Id`.
+pub fn feed_fixes<'a>(h: &mut xxhash_rust::xxh3::Xxh3, fixes: impl Iterator<Item = &'a Fix>) {
+    for f in fixes {
+        h.update(&(f.device.len() as u64).to_le_bytes());
+        h.update(f.device.as_bytes());
+        h.update(&f.ts.0.to_le_bytes());
+        h.update(&f.lat.to_bits().to_le_bytes());
+        h.update(&f.lon.to_bits().to_le_bytes());
+        h.update(&f.accuracy.map_or(u64::MAX, f64::to_bits).to_le_bytes());
     }
 }
 
