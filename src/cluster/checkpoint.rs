@@ -12,7 +12,11 @@
 //! u64 LE xxh3 of everything before it
 //! ```
 //!
-//! Version 1 (earlier versions) has no parts applied lately; it is read with none.
+//! Version 1 has no parts applied lately; it is read with none. A node writes version 2 only
+//! once every live node's heartbeat says it reads version 2 ([`Shared::checkpoint_version`]),
+//! so during a node-by-node upgrade a node of the earlier version can still take over any
+//! partition; until then a takeover starts with no memory of recent parts (a copy of a part
+//! applied before it is judged again, as before).
 //!
 //! Invariants: an object is written under a name no other checkpoint uses (partition, epoch,
 //! input position) before the pointer names it, so a pointer never names a half-written or
@@ -87,6 +91,22 @@ pub struct Checkpoint {
     pub devices: Vec<DeviceState>,
 }
 
+/// The newest checkpoint object version this build reads (and writes, once every live node
+/// reads it too).
+pub const VERSION: u8 = 2;
+
+/// The newest checkpoint version that every node of `versions` reads (each the newest its
+/// heartbeat says it reads; 0: an earlier build's heartbeat, which says nothing), at most this
+/// build's [`VERSION`].
+pub fn readable_by_all(versions: impl IntoIterator<Item = u8>) -> u8 {
+    versions
+        .into_iter()
+        .map(|v| v.max(1))
+        .min()
+        .unwrap_or(1)
+        .min(VERSION)
+}
+
 /// Builds a checkpoint object a chunk of devices at a time (the partition hands devices out in
 /// chunks while it goes on working).
 #[derive(Debug)]
@@ -97,11 +117,13 @@ pub struct Encoder {
 }
 
 impl Encoder {
-    /// Starts the object of `partition` frozen `at`, with the events stream's mark `ev_mark`.
-    pub fn new(partition: u16, at: &Frozen, ev_mark: u64) -> Encoder {
+    /// Starts the object of `partition` frozen `at`, with the events stream's mark `ev_mark`, in
+    /// object `version` (1 or [`VERSION`]; version 1 leaves out the parts applied lately).
+    pub fn new(partition: u16, at: &Frozen, ev_mark: u64, version: u8) -> Encoder {
+        let version = version.clamp(1, VERSION);
         let mut head = Vec::with_capacity(64 + 8 * at.recent.len());
         head.extend_from_slice(b"GDCK");
-        head.push(2);
+        head.push(version);
         put_uv(&mut head, u64::from(partition));
         put_uv(&mut head, at.position);
         put_uv(&mut head, at.fence_pos);
@@ -113,9 +135,11 @@ impl Encoder {
             }
             None => head.push(0),
         }
-        put_uv(&mut head, at.recent.len() as u64);
-        for h in at.recent.iter() {
-            head.extend_from_slice(&h.to_le_bytes());
+        if version >= 2 {
+            put_uv(&mut head, at.recent.len() as u64);
+            for h in at.recent.iter() {
+                head.extend_from_slice(&h.to_le_bytes());
+            }
         }
         Encoder {
             head,
@@ -169,7 +193,7 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, DecodeError> {
     }
     let mut r = Reader { b: data, at: 4 };
     let version = r.u8()?;
-    if !(1..=2).contains(&version) {
+    if !(1..=VERSION).contains(&version) {
         return Err(DecodeError(format!("checkpoint version {version} unknown")));
     }
     let partition =
@@ -475,12 +499,29 @@ mod tests {
     }
 
     #[test]
+    fn the_version_written_is_the_newest_every_live_node_reads() {
+        assert_eq!(readable_by_all([2, 2, 2]), 2);
+        assert_eq!(
+            readable_by_all([2, 0, 2]),
+            1,
+            "an earlier build's heartbeat"
+        );
+        assert_eq!(readable_by_all([2, 1]), 1);
+        assert_eq!(
+            readable_by_all([9]),
+            2,
+            "never newer than this build writes"
+        );
+        assert_eq!(readable_by_all([]), 1, "no heartbeat read yet");
+    }
+
+    #[test]
     fn checkpoints_round_trip_and_damage_is_refused() {
         let at = Frozen {
             recent: Arc::from([3u64, u64::MAX]),
             ..Frozen::at(1234, 56, Some(Ts(-5)))
         };
-        let mut enc = Encoder::new(7, &at, 789);
+        let mut enc = Encoder::new(7, &at, 789, VERSION);
         enc.devices(&[device("a"), device("truck-17")]);
         enc.devices(&[device("ü")]);
         assert_eq!(enc.count(), 3);
@@ -509,13 +550,15 @@ mod tests {
             bad[i] ^= 0x20;
             assert!(decode(&bad).is_err(), "flipped byte {i}");
         }
-        let empty = Encoder::new(0, &Frozen::at(0, 0, None), 0).finish();
+        let empty = Encoder::new(0, &Frozen::at(0, 0, None), 0, VERSION).finish();
         assert_eq!(decode(&empty).unwrap().devices, vec![]);
     }
 
-    /// An object of an earlier version (no parts applied lately) still reads.
+    /// An object of version 1 (no parts applied lately) still reads, and this build writes
+    /// version 1 byte for byte as an earlier build did (for such a build to read while it is
+    /// live), leaving out the parts applied lately.
     #[test]
-    fn a_version_1_checkpoint_reads_with_no_parts_applied_lately() {
+    fn a_version_1_checkpoint_reads_with_no_parts_applied_lately_and_is_written_alike() {
         let mut v1 = b"GDCK".to_vec();
         v1.push(1);
         for v in [7u64, 1234, 56, 789] {
@@ -530,6 +573,13 @@ mod tests {
         v1.extend_from_slice(&one);
         let sum = xxhash_rust::xxh3::xxh3_64(&v1);
         v1.extend_from_slice(&sum.to_le_bytes());
+        let at = Frozen {
+            recent: Arc::from([3u64, 4]),
+            ..Frozen::at(1234, 56, None)
+        };
+        let mut enc = Encoder::new(7, &at, 789, 1);
+        enc.devices(&[device("a")]);
+        assert_eq!(enc.finish(), v1, "version 1 as an earlier build wrote it");
         let ck = decode(&v1).unwrap();
         assert_eq!(
             (ck.input_seq, ck.recent.len(), ck.devices),

@@ -135,6 +135,7 @@ impl ClusterNode {
                 || cfg.max_delay > geodwell_core::time::Dur::ZERO)
                 .then_some(geodwell_core::engine::IdleRule { ttl: cfg.idle_ttl }),
             checkpoint_every: Duration::from_millis(cc.checkpoint_interval.millis().max(100) as u64),
+            checkpoint_version: std::sync::atomic::AtomicU8::new(1),
             board: Arc::new(status::Board::default()),
         });
         let runtime = node::Runtime::new(

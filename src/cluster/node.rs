@@ -656,6 +656,7 @@ async fn membership_round(
         started_ms: m.started_ms,
         partitions: rt.board().all(),
         sinks: (m.sinks.0)(),
+        reads_checkpoint_version: checkpoint::VERSION,
     };
     let beat = m
         .nats
@@ -666,6 +667,10 @@ async fn membership_round(
     beat.map_err(|e| NatsError::request("heartbeat", e))?;
     // 3. Who is live, who holds what.
     let (live, departed) = read_nodes(&m.nats).await?;
+    rt.shared
+        .set_checkpoint_version(checkpoint::readable_by_all(
+            live.values().map(|h| h.reads_checkpoint_version),
+        ));
     m.lags.set_all(
         live.values()
             .flat_map(|h| h.partitions.iter().map(|s| (s.partition, s.lag_records))),

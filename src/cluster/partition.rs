@@ -695,7 +695,7 @@ impl Backend for Partition {
     fn frozen(&mut self, at: Frozen) {
         let acked = self.outbox.acked();
         self.freeze = Some(Freeze {
-            enc: Encoder::new(self.p, &at, acked.last),
+            enc: Encoder::new(self.p, &at, acked.last, self.sh.checkpoint_version()),
             produced: self.outbox.produced(),
             at,
             ev_mark: acked.last,

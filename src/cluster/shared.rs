@@ -2,6 +2,7 @@
 //! watermark, the engines' configuration and the status board.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use super::fences::FenceLog;
@@ -31,4 +32,21 @@ pub struct Shared {
     pub checkpoint_every: Duration,
     /// Where tasks report.
     pub board: Arc<Board>,
+    /// The checkpoint object version every live node reads (see [`Shared::checkpoint_version`]).
+    pub checkpoint_version: AtomicU8,
+}
+
+impl Shared {
+    /// The checkpoint object version to write: the newest every live node reads, as the last
+    /// membership round found it (1 until a round has read the heartbeats), so that a node of
+    /// an earlier version can take over a partition during a node-by-node upgrade.
+    pub fn checkpoint_version(&self) -> u8 {
+        self.checkpoint_version.load(Ordering::Relaxed)
+    }
+
+    /// Sets the checkpoint object version to write (the membership round's finding,
+    /// `checkpoint::readable_by_all`).
+    pub fn set_checkpoint_version(&self, v: u8) {
+        self.checkpoint_version.store(v, Ordering::Relaxed);
+    }
 }

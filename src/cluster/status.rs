@@ -124,6 +124,10 @@ pub struct Heartbeat {
     pub partitions: Vec<PartitionStatus>,
     /// The webhook sinks it delivers.
     pub sinks: Vec<String>,
+    /// The newest checkpoint object version it reads (absent in an earlier build's heartbeat:
+    /// version 1).
+    #[serde(default)]
+    pub reads_checkpoint_version: u8,
 }
 
 /// A node in `GET /v1/cluster`.

@@ -133,19 +133,36 @@ fn replay_batches() -> Vec<Value> {
 async fn kill_9_at_random_moments_loses_and_doubles_nothing() {
     // The whole run is shorter than the default checkpoint interval: every restart replays the
     // input log from the start.
-    kill_9_run(&[]).await;
+    kill_9_run(&[], None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_between_and_during_checkpoints_loses_and_doubles_nothing() {
     // Checkpoints every 50 ms: restarts find a checkpoint and replay the log after it; a kill
     // lands before, during or after a checkpoint and its truncation of the log.
-    kill_9_run(&[("GEODWELL_CHECKPOINT_INTERVAL", "50ms")]).await;
+    kill_9_run(&[("GEODWELL_CHECKPOINT_INTERVAL", "50ms")], None).await;
+}
+
+/// A data dir of the previous release (`TEST_PREVIOUS_GEODWELL`), with checkpoints and the
+/// input after them, killed with SIGKILL twice and then at batch 20 started on this build:
+/// this build reads the earlier build's checkpoint, journal and live file as they are, and the
+/// events equal an uninterrupted run's, `seq` gap-free, the store checks clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the previous release's binary in TEST_PREVIOUS_GEODWELL (.ci/run builds it)"]
+async fn an_upgrade_from_the_previous_release_opens_its_data_dir_after_kill_9() {
+    let previous = crate::cluster::previous_bin();
+    kill_9_run(
+        &[("GEODWELL_CHECKPOINT_INTERVAL", "50ms")],
+        Some((&previous, 20)),
+    )
+    .await;
 }
 
 /// Sends the replay trace to a server killed with SIGKILL at five batches (some in flight) and
-/// restarted on the same data dir, and compares its events with an uninterrupted run's.
-async fn kill_9_run(env: &[(&str, &str)]) {
+/// restarted on the same data dir, and compares its events with an uninterrupted run's. With
+/// `upgrade` (`(bin, k)`), the crashing run starts on `bin` and restarts on this build at the
+/// kill at batch `k`.
+async fn kill_9_run(env: &[(&str, &str)], upgrade: Option<(&str, usize)>) {
     let batches = replay_batches();
     let http = reqwest::Client::new();
     let fence = square(
@@ -183,8 +200,12 @@ async fn kill_9_run(env: &[(&str, &str)]) {
     );
 
     // Crashing run: kill -9 at pseudo-random batches, sometimes while a batch is in flight.
+    let bin_at = |i: usize| match upgrade {
+        Some((bin, k)) if i < k => bin,
+        _ => crate::common::BIN,
+    };
     let dir = temp_dir();
-    let (mut child, mut base) = spawn_bin(dir.path(), "30s", env);
+    let (mut child, mut base) = spawn_bin_of(bin_at(0), dir.path(), "30s", env);
     http.put(format!("{base}/v1/fences/yard"))
         .json(&fence)
         .send()
@@ -219,7 +240,13 @@ async fn kill_9_run(env: &[(&str, &str)]) {
                     .status();
             }
             let _ = child.wait();
-            let (c, b) = spawn_bin(dir.path(), "30s", env);
+            if upgrade.is_some_and(|(_, k)| k == i) {
+                assert!(
+                    dir.path().join("checkpoint.redb").is_file(),
+                    "the earlier build left a checkpoint to read"
+                );
+            }
+            let (c, b) = spawn_bin_of(bin_at(i), dir.path(), "30s", env);
             child = c;
             base = b;
         }

@@ -240,6 +240,8 @@ impl NatsCluster {
 pub struct Node {
     pub id: String,
     pub url: String,
+    /// The binary it runs (this build's, or an earlier release's in the upgrade tests).
+    bin: String,
     proc: Option<Proc>,
     log: PathBuf,
     env: Vec<(String, String)>,
@@ -247,12 +249,20 @@ pub struct Node {
 }
 
 impl Node {
-    /// Starts node `id` of the cluster at `nats` with `args` after `serve` and `env`; its log goes
-    /// to `dir/<id>.log`.
-    pub fn start(id: &str, nats: &str, dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Node {
+    /// Starts node `id` of the cluster at `nats` on geodwell binary `bin` with `args` after
+    /// `serve` and `env`; its log goes to `dir/<id>.log`.
+    pub fn start_bin(
+        bin: &str,
+        id: &str,
+        nats: &str,
+        dir: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Node {
         let mut n = Node {
             id: id.to_string(),
             url: String::new(),
+            bin: bin.to_string(),
             proc: None,
             log: dir.join(format!("{id}.log")),
             env: env
@@ -267,7 +277,7 @@ impl Node {
     }
 
     fn spawn(&mut self) {
-        let child = Command::new(BIN)
+        let child = Command::new(&self.bin)
             .arg("serve")
             .args(["--listen", "127.0.0.1:0", "--node", &self.id])
             .args(&self.args)
@@ -337,6 +347,12 @@ impl Node {
 
     /// Starts the node again (a new port).
     pub fn restart(&mut self) {
+        self.spawn();
+    }
+
+    /// Starts the node again on this build's binary (an upgrade).
+    pub fn restart_upgraded(&mut self) {
+        self.bin = BIN.to_string();
         self.spawn();
     }
 

@@ -129,11 +129,17 @@ struct Cluster {
 
 impl Cluster {
     async fn start() -> Cluster {
+        Cluster::start_bin(crate::common::BIN).await
+    }
+
+    /// Three nodes of geodwell binary `bin`.
+    async fn start_bin(bin: &str) -> Cluster {
         let nats = NatsCluster::start(3).await;
         let dir = temp_dir();
         let nodes: Vec<Node> = (0..3)
             .map(|i| {
-                Node::start(
+                Node::start_bin(
+                    bin,
                     &format!("g{i}"),
                     &nats.urls(),
                     dir.path(),
@@ -190,6 +196,29 @@ impl Cluster {
             assert!(
                 t0.elapsed() < within,
                 "the cluster did not settle within {within:?}\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Waits until node `k` owns a live partition (an upgraded node is handed its share).
+    async fn wait_owns(&self, k: usize, within: Duration) {
+        let t0 = Instant::now();
+        let id = self.nodes[k].id.clone();
+        loop {
+            if let Some(c) = self.cluster_view().await
+                && c["partition_owners"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|p| p["owner"] == id.as_str() && p["status"]["phase"] == "live")
+            {
+                return;
+            }
+            assert!(
+                t0.elapsed() < within,
+                "{id} owns no partition after {within:?}\n{}",
                 self.logs()
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -677,6 +706,66 @@ async fn a_rolling_restart_of_every_node_loses_nothing() {
     }
     c.send_range(4 * step..n).await;
     c.check(1, &w.reference, "rolling restart").await;
+}
+
+/// The previous release's binary for the upgrade tests: `TEST_PREVIOUS_GEODWELL`, which
+/// `.ci/run` builds from the release named in docs/upgrading.md.
+pub fn previous_bin() -> String {
+    match std::env::var("TEST_PREVIOUS_GEODWELL") {
+        Ok(b) if std::path::Path::new(&b).is_file() => b,
+        _ => panic!(
+            "the upgrade tests need the previous release's binary in TEST_PREVIOUS_GEODWELL (.ci/run builds it)"
+        ),
+    }
+}
+
+/// A node-by-node upgrade: three nodes of the previous release take the first part of the
+/// trace; each in turn stops and starts on this build while input goes on to the others. After
+/// the first is upgraded and has checkpointed, it stops once more, so the two nodes of the
+/// earlier build must restore the checkpoints this build wrote and go on from the records it
+/// wrote. The events equal the reference, once each, `seq` gap-free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the previous release's binary in TEST_PREVIOUS_GEODWELL (.ci/run builds it)"]
+async fn a_node_by_node_upgrade_from_the_previous_release_loses_nothing() {
+    let previous = previous_bin();
+    let _one = scenario_env().await;
+    let w = workload();
+    let mut c = Cluster::start_bin(&previous).await;
+    let n = w.batches.len();
+    // Ten parts of the trace, sent in turn.
+    let mut parts = (0..10).map(|i| n * i / 10..n * (i + 1) / 10);
+    c.send_range(parts.next().unwrap()).await;
+    for k in 0..3 {
+        c.nodes[k].stop().await;
+        c.send_range(parts.next().unwrap()).await;
+        c.nodes[k].restart_upgraded();
+        c.wait_settled(Duration::from_secs(90)).await;
+        c.wait_owns(k, Duration::from_secs(60)).await;
+        c.send_range(parts.next().unwrap()).await;
+        // Checkpoints (every 2 s) of that input, written by this build.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        if k == 0 {
+            // Only nodes of the earlier build: they take this build's partitions over, from
+            // its checkpoints, and the upgraded node comes back.
+            c.nodes[0].stop().await;
+            c.wait_settled(Duration::from_secs(90)).await;
+            c.send_range(parts.next().unwrap()).await;
+            c.nodes[0].restart();
+            c.wait_settled(Duration::from_secs(90)).await;
+        }
+    }
+    for rest in parts {
+        c.send_range(rest).await;
+    }
+    c.check(1, &w.reference, "node-by-node upgrade").await;
+    for node in &c.nodes {
+        let log = node.log();
+        assert!(
+            !log.contains("does not decode"),
+            "{}: every checkpoint reads on both builds\n{log}",
+            node.id
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

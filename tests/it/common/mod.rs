@@ -527,7 +527,12 @@ pub fn listening_addr(child: &mut Child, rest: Option<std::sync::mpsc::Sender<St
 /// crate's directory, logging at info to a piped stderr (for [`listening_addr`]); callers add
 /// the flags and environment of their case.
 pub fn serve_cmd(data_dir: &Path) -> Command {
-    let mut c = Command::new(BIN);
+    serve_cmd_of(BIN, data_dir)
+}
+
+/// [`serve_cmd`] with another binary of geodwell (an earlier release's, in the upgrade tests).
+pub fn serve_cmd_of(bin: &str, data_dir: &Path) -> Command {
+    let mut c = Command::new(bin);
     c.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(data_dir)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
@@ -540,7 +545,12 @@ pub fn serve_cmd(data_dir: &Path) -> Command {
 /// Starts the real binary on `dir` (event clock, no preloaded fences) with `lateness` and extra
 /// environment; returns it and its base URL once it listens.
 pub fn spawn_bin(dir: &Path, lateness: &str, env: &[(&str, &str)]) -> (Proc, String) {
-    let child = serve_cmd(dir)
+    spawn_bin_of(BIN, dir, lateness, env)
+}
+
+/// [`spawn_bin`] with another binary of geodwell.
+pub fn spawn_bin_of(bin: &str, dir: &Path, lateness: &str, env: &[(&str, &str)]) -> (Proc, String) {
+    let child = serve_cmd_of(bin, dir)
         .args(["--clock", "event", "--lateness", lateness, "--shards", "2"])
         .env("GEODWELL_ALLOW_PRIVATE_TARGETS", "true")
         .envs(env.iter().copied())
