@@ -47,7 +47,7 @@ use axum::body::Bytes;
 use geodwell::config::Config;
 use geodwell::shard::shard_of;
 use geodwell::store::checkpoint::{CHECKPOINT_FILE, CheckpointStore, SORT_BUFFER_BYTES};
-use geodwell::store::{Batch, CheckpointMeta, FILE_NAME, Flush, Store};
+use geodwell::store::{Batch, CheckpointMeta, FILE_NAME, Flush, ShardPoint, Store};
 use geodwell_core::engine::{DeviceState, Engine, EngineConfig, Restored};
 use geodwell_core::event::Event;
 use geodwell_core::fences::{Fence, FenceSettings};
@@ -426,8 +426,13 @@ fn write_store(dir: &Path, b: Built, cfg: &Config, log_fixes: usize) -> (f64, u6
         shards: cfg.shards as u32,
         fence_change: 0,
         event_floor: b.next_seq,
-        positions: vec![(0, Some(b.watermark)); cfg.shards],
-        recent: Vec::new(),
+        shards_at: vec![
+            ShardPoint {
+                watermark: Some(b.watermark),
+                ..ShardPoint::start()
+            };
+            cfg.shards
+        ],
     })
     .expect("checkpoint commits");
     let emitted = Some(Ts(b.watermark));

@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::durable::{CheckpointStorage, CheckpointTxn, InputLog};
 use crate::events::publisher::{Publisher, Step};
-use crate::store::CheckpointMeta;
+use crate::store::{CheckpointMeta, ShardPoint};
 use crate::telemetry as t;
 use geodwell_core::engine::DeviceState;
 use geodwell_core::time::Ts;
@@ -171,20 +171,11 @@ pub fn spawn(
     (Checkpointer { tx, status }, thread)
 }
 
-/// Where one shard froze: its last input `seq`, its watermark (Unix ms), its parts applied
-/// lately.
-#[derive(Clone)]
-struct ShardDone {
-    seq: u64,
-    watermark: Option<i64>,
-    recent: Arc<[u64]>,
-}
-
 /// One round being written.
 struct Round<'a> {
     round: u64,
     writer: Option<Box<dyn CheckpointTxn + 'a>>,
-    positions: Vec<Option<ShardDone>>,
+    positions: Vec<Option<ShardPoint>>,
     fences: Vec<(String, Option<String>)>,
     fence_change: u64,
     event_floor: u64,
@@ -265,7 +256,7 @@ fn write_loop(
                     r.error = Some(e.to_string());
                 }
                 if done && let Some(p) = r.positions.get_mut(shard) {
-                    *p = Some(ShardDone {
+                    *p = Some(ShardPoint {
                         seq,
                         watermark: watermark.map(|w| w.0),
                         recent,
@@ -301,10 +292,8 @@ fn finish(
         started,
         error,
     } = r;
-    let done: Vec<ShardDone> = positions.into_iter().flatten().collect();
-    let positions: Vec<(u64, Option<i64>)> = done.iter().map(|d| (d.seq, d.watermark)).collect();
-    let recent: Vec<Arc<[u64]>> = done.into_iter().map(|d| d.recent).collect();
-    let seqs: Vec<u64> = positions.iter().map(|p| p.0).collect();
+    let shards_at: Vec<ShardPoint> = positions.into_iter().flatten().collect();
+    let seqs: Vec<u64> = shards_at.iter().map(|p| p.seq).collect();
     let fail = |why: String| {
         counter!(t::STORE_CHECKPOINT_FAILURES).increment(1);
         status.failed.store(round, Ordering::Release);
@@ -330,11 +319,10 @@ fn finish(
     let devices = writer.written();
     let meta = CheckpointMeta {
         round,
-        shards: positions.len() as u32,
+        shards: shards_at.len() as u32,
         fence_change,
         event_floor,
-        positions: positions.clone(),
-        recent,
+        shards_at,
     };
     let written = writer
         .fences(&std::mem::take(&mut fences))

@@ -36,7 +36,7 @@ pub use shard::restore_shard;
 use crate::config::{ClockMode, Config, Durability, FencePreload, SAMPLE_FENCES};
 use crate::events::{CompactEvent, EventLog, Interner, JSON_CACHE, LoggedEvent};
 use crate::shard::{ShardStart, shard_of};
-use crate::store::{CheckpointMeta, Store};
+use crate::store::{CheckpointMeta, ShardPoint, Store};
 use geodwell_core::engine::Restored;
 use geodwell_core::event::{Event, EventId};
 use geodwell_core::fences::{Fence, FenceLimits, parse_fences_str};
@@ -218,8 +218,7 @@ pub fn boot(cfg: &Config) -> Result<Booted, BootError> {
             shards: cfg.shards as u32,
             fence_change: 0,
             event_floor: snap.next_seq.max(1),
-            positions: vec![(0, None); cfg.shards],
-            recent: Vec::new(),
+            shards_at: vec![ShardPoint::start(); cfg.shards],
         };
         w.commit(&meta)?;
         ck.meta = meta;
@@ -253,20 +252,19 @@ pub fn boot(cfg: &Config) -> Result<Booted, BootError> {
     // Per shard: the devices, the checkpoint position and watermark, the records after it.
     let mut per_shard: Vec<ShardPlan> = (0..cfg.shards)
         .map(|k| {
-            let pos = if same_layout {
-                meta.positions.get(k).copied().unwrap_or((0, None))
+            let at = if same_layout {
+                meta.shard(k)
             } else {
-                (0, None)
+                ShardPoint::start()
             };
             ShardPlan {
                 devices: Vec::new(),
-                seq: pos.0,
-                watermark: pos.1.map(Ts).or(if same_layout { None } else { stored_w }),
-                recent: if same_layout {
-                    meta.recent_of(k)
-                } else {
-                    Arc::from([])
-                },
+                seq: at.seq,
+                watermark: at
+                    .watermark
+                    .map(Ts)
+                    .or(if same_layout { None } else { stored_w }),
+                recent: at.recent,
                 inputs: Vec::new(),
             }
         })

@@ -29,16 +29,16 @@ pub fn restore_shard(cfg: &Config, store: &Store, k: usize) -> Result<ShardStart
         .map(|t| fences::parse_one(t, &cfg.data_dir).map(Arc::new))
         .collect::<Result<_, _>>()?;
     let stored = fences::parse(base, &snap.fence_changes, meta.fence_change, &cfg.data_dir)?;
-    let (seq, watermark) = meta.positions.get(k).copied().unwrap_or((0, None));
+    let at = meta.shard(k);
     let plan = ShardPlan {
         devices: ck
             .devices
             .into_iter()
             .filter(|d| shard_of(&d.id, cfg.shards) == k)
             .collect(),
-        seq,
-        watermark: watermark.map(Ts),
-        recent: meta.recent_of(k),
+        seq: at.seq,
+        watermark: at.watermark.map(Ts),
+        recent: at.recent,
         inputs: snap
             .inputs
             .into_iter()

@@ -289,13 +289,7 @@ pub async fn kv_entries_under(
     .await?;
     Ok(msgs
         .into_iter()
-        .filter(|m| {
-            // Deleted and purged keys keep a marker with an operation header.
-            !m.headers
-                .as_ref()
-                .and_then(|h| h.get("KV-Operation"))
-                .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE")
-        })
+        .filter(|m| !m.is_delete_marker())
         .filter_map(|m| {
             let key = m.subject.strip_prefix(&prefix)?.to_string();
             Some((key, m.payload, m.seq))
@@ -314,6 +308,16 @@ pub struct Read {
     pub headers: Option<async_nats::HeaderMap>,
     /// Its payload.
     pub payload: Bytes,
+}
+
+impl Read {
+    /// Whether it is a KV bucket's marker of a deleted or purged key (an operation header).
+    pub fn is_delete_marker(&self) -> bool {
+        self.headers
+            .as_ref()
+            .and_then(|h| h.get("KV-Operation"))
+            .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE")
+    }
 }
 
 /// Every message of `stream` on `filter` that `policy` selects, as the stream holds them now

@@ -480,12 +480,7 @@ async fn read_nodes(nats: &Nats) -> Result<(BTreeMap<String, Heartbeat>, Vec<Str
         let Some(key) = m.subject.strip_prefix(&prefix).map(str::to_string) else {
             continue;
         };
-        let deleted = m
-            .headers
-            .as_ref()
-            .and_then(|h| h.get("KV-Operation"))
-            .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE");
-        if deleted {
+        if m.is_delete_marker() {
             departed.push(key);
         } else if let Ok(h) = serde_json::from_slice::<Heartbeat>(&m.payload) {
             live.insert(key, h);

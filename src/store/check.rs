@@ -274,7 +274,7 @@ fn scan_checkpoint(
     let meta = read_ck_meta(&txn, path)?;
     report.checkpoint_round = meta.round;
     report.checkpoint_shards = meta.shards;
-    report.checkpoint_positions = meta.positions.iter().map(|p| p.0).collect();
+    report.checkpoint_positions = meta.shards_at.iter().map(|p| p.seq).collect();
     let err = |e: redb::Error| db_err(path, "check", e);
     let limits = FenceLimits::stored();
     {

@@ -48,11 +48,31 @@ pub struct CheckpointMeta {
     pub fence_change: u64,
     /// Events with this `seq` or above may be produced again by a replay after the checkpoint.
     pub event_floor: u64,
-    /// Per shard: the last input `seq` covered, and the engine's watermark (Unix ms).
-    pub positions: Vec<(u64, Option<i64>)>,
-    /// Per shard: the parts it applied lately, oldest first (`partition::recent`); empty in a
-    /// checkpoint written before checkpoints kept them.
-    pub recent: Vec<Arc<[u64]>>,
+    /// Where each shard stands, by shard.
+    pub shards_at: Vec<ShardPoint>,
+}
+
+/// Where one shard's engine stood at a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardPoint {
+    /// The last input `seq` covered.
+    pub seq: u64,
+    /// The engine's watermark (Unix ms).
+    pub watermark: Option<i64>,
+    /// The parts it applied lately, oldest first (`partition::recent`); empty in a checkpoint
+    /// written before checkpoints kept them.
+    pub recent: Arc<[u64]>,
+}
+
+impl ShardPoint {
+    /// The start of a shard's log: nothing covered, no watermark.
+    pub fn start() -> ShardPoint {
+        ShardPoint {
+            seq: 0,
+            watermark: None,
+            recent: Arc::from([]),
+        }
+    }
 }
 
 impl CheckpointMeta {
@@ -62,30 +82,35 @@ impl CheckpointMeta {
         codec::put_uv(&mut out, u64::from(self.shards));
         codec::put_uv(&mut out, self.fence_change);
         codec::put_uv(&mut out, self.event_floor);
-        codec::put_uv(&mut out, self.positions.len() as u64);
-        for (seq, w) in &self.positions {
-            codec::put_uv(&mut out, *seq);
-            match w {
+        // The layout keeps the positions first and the parts applied lately after them (absent
+        // in a checkpoint of an earlier version).
+        codec::put_uv(&mut out, self.shards_at.len() as u64);
+        for at in &self.shards_at {
+            codec::put_uv(&mut out, at.seq);
+            match at.watermark {
                 Some(w) => {
                     out.push(1);
-                    codec::put_zz(&mut out, *w);
+                    codec::put_zz(&mut out, w);
                 }
                 None => out.push(0),
             }
         }
-        codec::put_uv(&mut out, self.recent.len() as u64);
-        for parts in &self.recent {
-            codec::put_uv(&mut out, parts.len() as u64);
-            for h in parts.iter() {
+        codec::put_uv(&mut out, self.shards_at.len() as u64);
+        for at in &self.shards_at {
+            codec::put_uv(&mut out, at.recent.len() as u64);
+            for h in at.recent.iter() {
                 out.extend_from_slice(&h.to_le_bytes());
             }
         }
         out
     }
 
-    /// Shard `k`'s parts applied lately (none when the checkpoint did not keep them).
-    pub fn recent_of(&self, k: usize) -> Arc<[u64]> {
-        self.recent.get(k).cloned().unwrap_or_else(|| Arc::from([]))
+    /// Where shard `k` stood (the start of its log when the checkpoint has no such shard).
+    pub fn shard(&self, k: usize) -> ShardPoint {
+        self.shards_at
+            .get(k)
+            .cloned()
+            .unwrap_or_else(ShardPoint::start)
     }
 
     fn decode(b: &[u8]) -> Result<CheckpointMeta, DecodeError> {
@@ -95,22 +120,30 @@ impl CheckpointMeta {
         let fence_change = r.uv()?;
         let event_floor = r.uv()?;
         let n = r.count()?;
-        let mut positions = Vec::with_capacity(n);
+        let mut shards_at = Vec::with_capacity(n);
         for _ in 0..n {
             let seq = r.uv()?;
-            let w = if r.bool()? { Some(r.zz()?) } else { None };
-            positions.push((seq, w));
+            let watermark = if r.bool()? { Some(r.zz()?) } else { None };
+            shards_at.push(ShardPoint {
+                seq,
+                watermark,
+                recent: Arc::from([]),
+            });
         }
         // Absent in a checkpoint of an earlier version.
-        let mut recent = Vec::new();
         if r.at < b.len() {
-            for _ in 0..r.count()? {
+            // None at all, or one list per shard.
+            let n = r.count()?;
+            if n != 0 && n != shards_at.len() {
+                return Err(r.err("parts applied lately for another shard count"));
+            }
+            for at in shards_at.iter_mut().take(n) {
                 let n = r.count()?;
                 let mut parts = Vec::with_capacity(n.min(4096));
                 for _ in 0..n {
                     parts.push(r.u64_le()?);
                 }
-                recent.push(Arc::from(parts));
+                at.recent = Arc::from(parts);
             }
         }
         if r.at != b.len() {
@@ -121,8 +154,7 @@ impl CheckpointMeta {
             shards,
             fence_change,
             event_floor,
-            positions,
-            recent,
+            shards_at,
         })
     }
 }
@@ -547,4 +579,54 @@ pub(crate) fn read_ck_meta(
         detail: "ck_meta has no state".into(),
     })?;
     CheckpointMeta::decode(&v).map_err(|e| bad(K_STATE, e.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(shards_at: Vec<ShardPoint>) -> CheckpointMeta {
+        CheckpointMeta {
+            round: 3,
+            shards: shards_at.len() as u32,
+            fence_change: 5,
+            event_floor: 8,
+            shards_at,
+        }
+    }
+
+    #[test]
+    fn the_meta_round_trips_and_reads_every_earlier_layout() {
+        let m = meta(vec![
+            ShardPoint {
+                seq: 4,
+                watermark: Some(-2),
+                recent: Arc::from([1u64, 2]),
+            },
+            ShardPoint::start(),
+        ]);
+        assert_eq!(CheckpointMeta::decode(&m.encode()).unwrap(), m);
+        // Without parts applied lately: an earlier version (no section), or a first checkpoint
+        // written with none (a count of 0).
+        let bare = meta(vec![
+            ShardPoint {
+                recent: Arc::from([]),
+                ..m.shards_at[0].clone()
+            },
+            ShardPoint::start(),
+        ]);
+        let mut none = bare.encode();
+        let cut = none.len() - 3; // the count of lists and two empty lists
+        none.truncate(cut);
+        assert_eq!(CheckpointMeta::decode(&none).unwrap(), bare);
+        none.push(0);
+        assert_eq!(CheckpointMeta::decode(&none).unwrap(), bare);
+        none.pop();
+        none.push(1);
+        assert!(
+            CheckpointMeta::decode(&none).is_err(),
+            "lists for another shard count"
+        );
+        assert_eq!(bare.shard(7), ShardPoint::start());
+    }
 }

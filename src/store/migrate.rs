@@ -137,8 +137,7 @@ pub fn migrate(dir: &Path) -> Result<Migrated, StoreError> {
             shards: 0,
             fence_change: 0,
             event_floor: next_seq,
-            positions: Vec::new(),
-            recent: Vec::new(),
+            shards_at: Vec::new(),
         })?;
         (fences.len() as u64, moved)
     };

@@ -63,7 +63,9 @@ use redb::{Database, ReadableDatabase, ReadableTable};
 
 pub use batch::Batch;
 pub use check::{CheckReport, check};
-pub use checkpoint::{Checkpoint, CheckpointMeta, CheckpointStore, CheckpointWriter, RawDevice};
+pub use checkpoint::{
+    Checkpoint, CheckpointMeta, CheckpointStore, CheckpointWriter, RawDevice, ShardPoint,
+};
 pub use error::StoreError;
 pub(crate) use error::{db_err, guarded_open};
 pub use geodwell_core::codec::DecodeError;
@@ -263,7 +265,7 @@ impl Store {
             next_seq: meta.next_seq,
             ..Snapshot::default()
         };
-        let positions: Vec<u64> = checkpoint.meta.positions.iter().map(|p| p.0).collect();
+        let positions: Vec<u64> = checkpoint.meta.shards_at.iter().map(|p| p.seq).collect();
         let tail = read_after(&txn, path, &positions, checkpoint.meta.fence_change)?;
         snap.inputs = tail.inputs;
         snap.fence_changes = tail.fence_changes;

@@ -130,8 +130,7 @@ fn first_checkpoint_meta() -> CheckpointMeta {
         fence_change: 0,
         // No event is one a replay could produce again: only the tail is loaded.
         event_floor: u64::MAX,
-        positions: vec![(0, None)],
-        recent: Vec::new(),
+        shards_at: vec![ShardPoint::start()],
     }
 }
 
@@ -595,17 +594,26 @@ fn the_input_log_after_a_checkpoint_is_loaded_and_what_it_covers_truncated() {
         shards: 2,
         fence_change: 2,
         event_floor: 1,
-        positions: vec![(3, Some(T0)), (1, None)],
-        recent: vec![Arc::from([7u64, 9]), Arc::from([])],
+        shards_at: vec![
+            ShardPoint {
+                seq: 3,
+                watermark: Some(T0),
+                recent: Arc::from([7u64, 9]),
+            },
+            ShardPoint {
+                seq: 1,
+                ..ShardPoint::start()
+            },
+        ],
     })
     .unwrap();
     let snap = s.load(0).unwrap();
     assert_eq!(snap.checkpoint.meta.round, 4);
     assert_eq!(
         (
-            &*snap.checkpoint.meta.recent_of(0),
-            snap.checkpoint.meta.recent_of(1).len(),
-            snap.checkpoint.meta.recent_of(2).len()
+            &*snap.checkpoint.meta.shard(0).recent,
+            snap.checkpoint.meta.shard(1).recent.len(),
+            snap.checkpoint.meta.shard(2).recent.len()
         ),
         (&[7u64, 9][..], 0, 0),
         "each shard's parts applied lately"

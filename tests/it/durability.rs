@@ -287,6 +287,39 @@ async fn kill_9_run(env: &[(&str, &str)], upgrade: Option<(&str, usize)>) {
 /// Unmounts a test tmpfs when dropped (before the temp dir it is mounted on is removed).
 struct Mounted(PathBuf);
 
+impl Mounted {
+    /// Mounts a tmpfs of `size` on `dir`; `None` (saying so) where this process may not.
+    fn tmpfs(dir: &Path, size: &str) -> Option<Mounted> {
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !mounted {
+            eprintln!(
+                "SKIPPED: cannot mount a small tmpfs here (needs root); the disk-full path is untested in this run"
+            );
+            return None;
+        }
+        Some(Mounted(dir.to_path_buf()))
+    }
+}
+
+/// Fills the file system of `dir` with a file, then gives `room` bytes back (so that some
+/// batches are acknowledged before the disk is full); returns the file.
+fn fill(dir: &Path, room: u64) -> PathBuf {
+    use std::io::Write;
+    let filler = dir.join("filler");
+    let mut f = std::fs::File::create(&filler).unwrap();
+    let chunk = vec![0u8; 16 * 1024];
+    while f.write_all(&chunk).is_ok() {}
+    let len = f.metadata().unwrap().len();
+    f.set_len(len.saturating_sub(room)).unwrap();
+    let _ = f.sync_all();
+    filler
+}
+
 impl Drop for Mounted {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(&self.0).status();
@@ -296,35 +329,15 @@ impl Drop for Mounted {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_answers_503_loses_nothing_acknowledged_and_recovers() {
     let dir = temp_dir();
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=6m", "tmpfs"])
-        .arg(dir.path())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !mounted {
-        eprintln!(
-            "SKIPPED: cannot mount a small tmpfs here (needs root); the disk-full path is untested in this run"
-        );
+    let Some(_guard) = Mounted::tmpfs(dir.path(), "6m") else {
         return;
-    }
-    let _guard = Mounted(dir.path().to_path_buf());
+    };
     let srv = start_cfg(durable_cfg(dir.path(), "")).await;
     srv.put_fence("depot", square("depot", json!({"dwell": ["10m"]})))
         .await;
 
     // Fill the disk, leaving almost nothing.
-    let filler = dir.path().join("filler");
-    {
-        use std::io::Write;
-        let mut f = std::fs::File::create(&filler).unwrap();
-        let chunk = vec![0u8; 16 * 1024];
-        while f.write_all(&chunk).is_ok() {}
-        // Leave a little room, so that some batches are acknowledged before the disk is full.
-        let len = f.metadata().unwrap().len();
-        f.set_len(len.saturating_sub(1024 * 1024)).unwrap();
-        let _ = f.sync_all();
-    }
+    let filler = fill(dir.path(), 1024 * 1024);
 
     // Ingest until the store cannot commit: acknowledged batches are recorded.
     let mut acked: Vec<(String, i64)> = Vec::new();
@@ -431,32 +444,13 @@ fn k_inside(name: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_refuses_input_at_once_and_ends_within_seconds_of_space_returning() {
     let dir = temp_dir();
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=128m", "tmpfs"])
-        .arg(dir.path())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !mounted {
-        eprintln!(
-            "SKIPPED: cannot mount a small tmpfs here (needs root); the disk-full path is untested in this run"
-        );
+    let Some(_guard) = Mounted::tmpfs(dir.path(), "128m") else {
         return;
-    }
-    let _guard = Mounted(dir.path().to_path_buf());
+    };
     let srv = start_cfg(durable_cfg(dir.path(), "")).await;
     srv.put_fence("depot", square("depot", json!({"dwell": ["10m"]})))
         .await;
-    let filler = dir.path().join("filler");
-    {
-        use std::io::Write;
-        let mut f = std::fs::File::create(&filler).unwrap();
-        let chunk = vec![0u8; 16 * 1024];
-        while f.write_all(&chunk).is_ok() {}
-        let len = f.metadata().unwrap().len();
-        f.set_len(len.saturating_sub(2 * 1024 * 1024)).unwrap();
-        let _ = f.sync_all();
-    }
+    let filler = fill(dir.path(), 2 * 1024 * 1024);
     let mut acked: Vec<String> = Vec::new();
     let mut refused: Vec<String> = Vec::new();
     let mut i = 0;
