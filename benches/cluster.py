@@ -387,11 +387,20 @@ def nats_kill(nats, nodes):
     # the input, the events and the lease bucket's.
     ev_leader = max((back[n] for n in ("GEODWELL_IN", "GEODWELL_EVENTS", "KV_geodwell_leases")
                      if back.get(n)), default=None)
-    resumed = []
+    resumed, slow = [], []
     for p, times in v["events"].items():
         first = min((x for x in times if ev_leader and x >= ev_leader), default=None)
-        if first is not None:
-            resumed.append(first - ev_leader)
+        if first is None:
+            continue
+        resumed.append(first - ev_leader)
+        # The partition's own longest pause between events in the 5 s before the kill: events
+        # come when fixes make them, so a pause after the election is only a stall where it is
+        # longer than the partition's pauses without one.
+        before = sorted(x for x in times if kill_at - 5 <= x < kill_at)
+        gap = max((b - a for a, b in zip(before, before[1:])), default=None)
+        if first - ev_leader > 2:
+            slow.append({"partition": p, "after_s": round(first - ev_leader, 2),
+                         "longest_pause_before_kill_s": round(gap, 2) if gap is not None else None})
     return {
         "killed": leader,
         "restarted_after_s": round(restart_at - kill_at, 2),
@@ -404,6 +413,7 @@ def nats_kill(nats, nodes):
             "partitions": len(resumed),
             "median": round(statistics.median(resumed), 2) if resumed else None,
             "max": round(max(resumed), 2) if resumed else None,
+            "over_2s": slow,
         },
     }
 
