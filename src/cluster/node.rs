@@ -621,13 +621,19 @@ async fn renew_held(rt: &Runtime) {
                 .map(|l| (None, l.clone())),
         );
     }
+    let was_lost: Vec<bool> = held.iter().map(|(_, l)| l.is_lost()).collect();
     let results =
         futures_util::future::join_all(held.iter().map(|(_, l)| rt.leases.renew(l))).await;
-    for ((p, _), r) in held.iter().zip(results) {
+    for (((p, _), r), was_lost) in held.iter().zip(results).zip(was_lost) {
+        // Once, when the loss is found (the partition keeps its lease until it has stopped).
         if r == Renewed::Lost
+            && !was_lost
             && let Some(p) = p
         {
-            tracing::warn!(partition = p, "lease taken by another node");
+            tracing::warn!(
+                partition = p,
+                "lease lost (taken by another node, or expired while the lease bucket could not be written); the partition stands down"
+            );
         }
     }
 }

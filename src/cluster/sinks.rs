@@ -152,7 +152,7 @@ impl Inner {
                     _ = tokio::time::sleep(every) => {}
                 }
                 if leases.renew(&l).await == Renewed::Lost {
-                    tracing::warn!(key = %l.key(), "webhook lease taken by another node");
+                    tracing::warn!(key = %l.key(), "webhook lease lost (taken by another node, or expired while the lease bucket could not be written)");
                     return;
                 }
             }
