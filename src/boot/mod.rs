@@ -252,18 +252,19 @@ pub fn boot(cfg: &Config) -> Result<Booted, BootError> {
     // Per shard: the devices, the checkpoint position and watermark, the records after it.
     let mut per_shard: Vec<ShardPlan> = (0..cfg.shards)
         .map(|k| {
+            // Another shard count: every shard starts its (empty) log at the stored watermark.
             let at = if same_layout {
                 meta.shard(k)
             } else {
-                ShardPoint::start()
+                ShardPoint {
+                    watermark: stored_w.map(|w| w.0),
+                    ..ShardPoint::start()
+                }
             };
             ShardPlan {
                 devices: Vec::new(),
                 seq: at.seq,
-                watermark: at
-                    .watermark
-                    .map(Ts)
-                    .or(if same_layout { None } else { stored_w }),
+                watermark: at.watermark.map(Ts),
                 recent: at.recent,
                 inputs: Vec::new(),
             }

@@ -33,7 +33,7 @@ pub struct Shared {
     /// Where tasks report.
     pub board: Arc<Board>,
     /// The checkpoint object version every live node reads (see [`Shared::checkpoint_version`]).
-    pub checkpoint_version: AtomicU8,
+    pub(super) checkpoint_version: AtomicU8,
 }
 
 impl Shared {

@@ -150,7 +150,7 @@ async fn kill_9_between_and_during_checkpoints_loses_and_doubles_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the previous release's binary in TEST_PREVIOUS_GEODWELL (.ci/run builds it)"]
 async fn an_upgrade_from_the_previous_release_opens_its_data_dir_after_kill_9() {
-    let previous = crate::cluster::previous_bin();
+    let previous = previous_bin();
     kill_9_run(
         &[("GEODWELL_CHECKPOINT_INTERVAL", "50ms")],
         Some((&previous, 20)),
@@ -306,6 +306,12 @@ impl Mounted {
     }
 }
 
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
 /// Fills the file system of `dir` with a file, then gives `room` bytes back (so that some
 /// batches are acknowledged before the disk is full); returns the file.
 fn fill(dir: &Path, room: u64) -> PathBuf {
@@ -318,12 +324,6 @@ fn fill(dir: &Path, room: u64) -> PathBuf {
     f.set_len(len.saturating_sub(room)).unwrap();
     let _ = f.sync_all();
     filler
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

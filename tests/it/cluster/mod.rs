@@ -170,55 +170,54 @@ impl Cluster {
 
     /// Waits until every running node is ready and every partition has a live owner.
     async fn wait_settled(&self, within: Duration) {
+        self.wait_for(within, "the cluster did not settle", |c| {
+            let live = c["partition_owners"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|p| p["status"]["phase"] == "live");
+            live && c["unowned"] == 0
+        })
+        .await;
+    }
+
+    /// Waits until node `k` owns a live partition (an upgraded node is handed its share).
+    async fn wait_owns(&self, k: usize, within: Duration) {
+        let id = self.nodes[k].id.clone();
+        self.wait_for(within, &format!("{id} owns no partition"), |c| {
+            c["partition_owners"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["owner"] == id.as_str() && p["status"]["phase"] == "live")
+        })
+        .await;
+    }
+
+    /// Waits until every running node is ready and the cluster's view satisfies `ok`; fails
+    /// with `what` and the logs after `within`.
+    async fn wait_for(&self, within: Duration, what: &str, ok: impl Fn(&Value) -> bool) {
         let t0 = Instant::now();
         loop {
-            let mut ok = true;
+            let mut ready = true;
             for n in self.nodes.iter().filter(|n| n.is_up()) {
-                let ready = self
+                ready &= self
                     .http
                     .get(format!("{}/readyz", n.url))
                     .timeout(Duration::from_secs(5))
                     .send()
                     .await
                     .is_ok_and(|r| r.status().is_success());
-                ok &= ready;
             }
-            if ok && let Some(c) = self.cluster_view().await {
-                let live = c["partition_owners"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .all(|p| p["status"]["phase"] == "live");
-                if live && c["unowned"] == 0 {
-                    return;
-                }
-            }
-            assert!(
-                t0.elapsed() < within,
-                "the cluster did not settle within {within:?}\n{}",
-                self.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    /// Waits until node `k` owns a live partition (an upgraded node is handed its share).
-    async fn wait_owns(&self, k: usize, within: Duration) {
-        let t0 = Instant::now();
-        let id = self.nodes[k].id.clone();
-        loop {
-            if let Some(c) = self.cluster_view().await
-                && c["partition_owners"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .any(|p| p["owner"] == id.as_str() && p["status"]["phase"] == "live")
+            if ready
+                && let Some(c) = self.cluster_view().await
+                && ok(&c)
             {
                 return;
             }
             assert!(
                 t0.elapsed() < within,
-                "{id} owns no partition after {within:?}\n{}",
+                "{what} within {within:?}\n{}",
                 self.logs()
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -708,17 +707,6 @@ async fn a_rolling_restart_of_every_node_loses_nothing() {
     c.check(1, &w.reference, "rolling restart").await;
 }
 
-/// The previous release's binary for the upgrade tests: `TEST_PREVIOUS_GEODWELL`, which
-/// `.ci/run` builds from the release named in docs/upgrading.md.
-pub fn previous_bin() -> String {
-    match std::env::var("TEST_PREVIOUS_GEODWELL") {
-        Ok(b) if std::path::Path::new(&b).is_file() => b,
-        _ => panic!(
-            "the upgrade tests need the previous release's binary in TEST_PREVIOUS_GEODWELL (.ci/run builds it)"
-        ),
-    }
-}
-
 /// A node-by-node upgrade: three nodes of the previous release take the first part of the
 /// trace; each in turn stops and starts on this build while input goes on to the others. After
 /// the first is upgraded and has checkpointed, it stops once more, so the two nodes of the
@@ -727,7 +715,7 @@ pub fn previous_bin() -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the previous release's binary in TEST_PREVIOUS_GEODWELL (.ci/run builds it)"]
 async fn a_node_by_node_upgrade_from_the_previous_release_loses_nothing() {
-    let previous = previous_bin();
+    let previous = crate::common::previous_bin();
     let _one = scenario_env().await;
     let w = workload();
     let mut c = Cluster::start_bin(&previous).await;

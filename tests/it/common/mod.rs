@@ -523,6 +523,17 @@ pub fn listening_addr(child: &mut Child, rest: Option<std::sync::mpsc::Sender<St
     addr
 }
 
+/// The previous release's binary for the upgrade tests: `TEST_PREVIOUS_GEODWELL`, which
+/// `.ci/run` builds from the release named in docs/upgrading.md.
+pub fn previous_bin() -> String {
+    match std::env::var("TEST_PREVIOUS_GEODWELL") {
+        Ok(b) if std::path::Path::new(&b).is_file() => b,
+        _ => panic!(
+            "the upgrade tests need the previous release's binary in TEST_PREVIOUS_GEODWELL (.ci/run builds it)"
+        ),
+    }
+}
+
 /// `geodwell serve` on an ephemeral loopback port with its store in `data_dir`, run from the
 /// crate's directory, logging at info to a piped stderr (for [`listening_addr`]); callers add
 /// the flags and environment of their case.
