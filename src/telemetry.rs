@@ -161,6 +161,10 @@ pub const CLUSTER_LEADER_ELECTIONS: &str = "geodwell_cluster_stream_leader_elect
 pub const CLUSTER_TAKEOVER_SECONDS: &str = "geodwell_cluster_takeover_seconds";
 /// Leases this node lost to another.
 pub const CLUSTER_LEASES_LOST: &str = "geodwell_cluster_leases_lost_total";
+/// Partition leases this node took back after they expired under its running partition.
+pub const CLUSTER_LEASES_RECLAIMED: &str = "geodwell_cluster_leases_reclaimed_total";
+/// Partition input consumers found stalled with input waiting (and re-created).
+pub const CLUSTER_INPUT_STALLS: &str = "geodwell_cluster_input_stalls_total";
 /// Partition tasks that failed.
 pub const CLUSTER_PARTITION_FAILURES: &str = "geodwell_cluster_partition_failures_total";
 /// Input records a partition has not applied yet.
@@ -339,6 +343,8 @@ pub fn install() -> PrometheusHandle {
                 STORE_APPLY_FAILURES,
                 CLUSTER_TAKEOVERS,
                 CLUSTER_LEASES_LOST,
+                CLUSTER_LEASES_RECLAIMED,
+                CLUSTER_INPUT_STALLS,
                 CLUSTER_PARTITION_FAILURES,
                 CLUSTER_CHECKPOINTS,
                 CLUSTER_CHECKPOINT_FAILURES,
@@ -661,6 +667,14 @@ fn describe_cluster() {
     describe_counter!(
         CLUSTER_LEASES_LOST,
         "Partition leases this node found taken by another (it stood down)."
+    );
+    describe_counter!(
+        CLUSTER_LEASES_RECLAIMED,
+        "Partition leases that expired under this node's running partition while the lease bucket could not be written, and that it took back (no other owner had checkpointed)."
+    );
+    describe_counter!(
+        CLUSTER_INPUT_STALLS,
+        "Partition input consumers that delivered nothing for 5 s while input waited in the stream, and were re-created."
     );
     describe_counter!(
         CLUSTER_PARTITION_FAILURES,

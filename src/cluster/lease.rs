@@ -12,9 +12,14 @@
 //!   entry no earlier than `ttl` after it *received* that write, so a holder whose process was
 //!   paused (SIGSTOP, a long GC-like stall) finds its lease invalid on waking before it can do
 //!   anything, even if no renewal has failed yet.
-//! - A renewal that fails because the key moved on (another revision, or no key) marks the
-//!   lease lost for good: the holder stands down. A renewal that fails because NATS did not
-//!   answer leaves the lease to expire on its own unless a later renewal succeeds in time.
+//! - A renewal that fails because another holder wrote the key marks the lease lost for good:
+//!   the holder stands down. A renewal that fails because NATS did not answer leaves the lease
+//!   to expire on its own unless a later renewal succeeds in time.
+//! - A renewal that finds the key gone ([`Renewed::Expired`]: it expired while the bucket could
+//!   not be written, e.g. during its leader election, or a later holder released it) leaves the
+//!   decision to the caller, who knows whether anyone else can have acted on the partition since:
+//!   [`Leases::reclaim`] takes the key back under the lease's own epoch (a `create`, so it fails
+//!   if anyone took it meanwhile), or [`Lease::mark_lost`] stands down.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -73,6 +78,21 @@ impl Lease {
         !self.lost.is_cancelled() && self.renewed_at().elapsed() + margin(self.ttl) < self.ttl
     }
 
+    /// The key's value while this holder has it: its node and epoch.
+    fn value(&self) -> Bytes {
+        let h = Holder {
+            node: self.node.clone(),
+            epoch: self.epoch,
+        };
+        Bytes::from(serde_json::to_vec(&h).unwrap_or_default())
+    }
+
+    /// A write sent at `sent` landed at revision `rev`: the lease lives from then on.
+    fn written(&self, rev: u64, sent: Instant) {
+        self.rev.store(rev, Ordering::Release);
+        *self.renewed.lock().unwrap_or_else(|p| p.into_inner()) = sent;
+    }
+
     fn renewed_at(&self) -> Instant {
         *self.renewed.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -126,6 +146,10 @@ pub enum Renewed {
     Lost,
     /// NATS did not answer; try again.
     Unknown,
+    /// The key is gone (expired, or released by a later holder): nobody holds it. The caller
+    /// reclaims it ([`Leases::reclaim`]) when nobody can have acted on the lease's object since,
+    /// or marks the lease lost.
+    Expired,
 }
 
 impl Leases {
@@ -168,7 +192,7 @@ impl Leases {
             lost: CancellationToken::new(),
         };
         // Write the epoch into the value at once (a renewal), so readers see it.
-        if self.renew(&lease).await == Renewed::Lost {
+        if matches!(self.renew(&lease).await, Renewed::Lost | Renewed::Expired) {
             return Ok(None);
         }
         Ok(Some(lease))
@@ -180,21 +204,11 @@ impl Leases {
             return Renewed::Lost;
         }
         let sent = Instant::now();
-        let value = serde_json::to_vec(&Holder {
-            node: lease.node.clone(),
-            epoch: lease.epoch,
-        })
-        .unwrap_or_default();
+        let value = lease.value();
         let rev = lease.rev.load(Ordering::Acquire);
-        match tokio::time::timeout(
-            self.ttl / 2,
-            self.bucket.update(&lease.key, Bytes::from(value), rev),
-        )
-        .await
-        {
+        match tokio::time::timeout(self.ttl / 2, self.bucket.update(&lease.key, value, rev)).await {
             Ok(Ok(new)) => {
-                lease.rev.store(new, Ordering::Release);
-                *lease.renewed.lock().unwrap_or_else(|p| p.into_inner()) = sent;
+                lease.written(new, sent);
                 Renewed::Yes
             }
             Ok(Err(e)) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {
@@ -209,10 +223,11 @@ impl Leases {
                         lease.rev.store(e.revision, Ordering::Release);
                         Renewed::Unknown
                     }
-                    Ok(_) => {
+                    Ok(Some(e)) if e.operation == kv::Operation::Put => {
                         lease.mark_lost();
                         Renewed::Lost
                     }
+                    Ok(_) => Renewed::Expired,
                     Err(_) => Renewed::Unknown,
                 }
             }
@@ -223,6 +238,29 @@ impl Leases {
                 }
                 Renewed::Unknown
             }
+        }
+    }
+
+    /// Takes back `lease`, whose key was found gone ([`Renewed::Expired`]), under its own epoch:
+    /// [`Renewed::Yes`] when the key was free and is this holder's again, [`Renewed::Lost`] (and
+    /// the lease marked lost) when someone took it meanwhile, [`Renewed::Unknown`] when NATS did
+    /// not answer.
+    pub async fn reclaim(&self, lease: &Lease) -> Renewed {
+        if lease.is_lost() {
+            return Renewed::Lost;
+        }
+        let sent = Instant::now();
+        let value = lease.value();
+        match tokio::time::timeout(self.ttl / 2, self.bucket.create(&lease.key, value)).await {
+            Ok(Ok(rev)) => {
+                lease.written(rev, sent);
+                Renewed::Yes
+            }
+            Ok(Err(e)) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
+                lease.mark_lost();
+                Renewed::Lost
+            }
+            Ok(Err(_)) | Err(_) => Renewed::Unknown,
         }
     }
 

@@ -81,7 +81,14 @@ pub struct Runtime {
     leaving: std::sync::atomic::AtomicBool,
     /// Leases of partitions stopping for good (renewed until they are released).
     holding: Mutex<Vec<Arc<Lease>>>,
+    /// Partitions whose task failed here, and when: not taken again by this node for
+    /// [`RETAKE_AFTER_FAILURE`] (a restore that fails while NATS is unavailable would otherwise
+    /// be retried at every round a release starts, many times a second).
+    failed: Mutex<HashMap<u16, Instant>>,
 }
+
+/// How long a node leaves alone a partition whose task failed on it.
+const RETAKE_AFTER_FAILURE: Duration = Duration::from_secs(1);
 
 impl Runtime {
     /// The runtime of a node sharing `shared`, taking leases through `leases`.
@@ -93,6 +100,7 @@ impl Runtime {
             kick: Notify::new(),
             leaving: std::sync::atomic::AtomicBool::new(false),
             holding: Mutex::new(Vec::new()),
+            failed: Mutex::new(HashMap::new()),
         })
     }
 
@@ -122,6 +130,13 @@ impl Runtime {
             .get(&p)
             .filter(|r| !r.stopping && r.lease.valid())
             .map(|r| r.control.clone())
+    }
+
+    /// Whether this node may take partition `p` now (its task did not fail here lately).
+    fn may_take(&self, p: u16) -> bool {
+        let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        failed.retain(|_, at| at.elapsed() < RETAKE_AFTER_FAILURE);
+        !failed.contains_key(&p)
     }
 
     /// Partitions this node runs.
@@ -184,6 +199,10 @@ impl Runtime {
                 }
                 Ok(Ended::Failed(e)) => {
                     tracing::error!(partition = p, error = %e, "partition failed; releasing it");
+                    self.failed
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(p, Instant::now());
                     metrics::counter!(t::CLUSTER_PARTITION_FAILURES).increment(1);
                     self.leases.release(&r.lease).await;
                 }
@@ -490,17 +509,45 @@ async fn read_nodes(nats: &Nats) -> Result<(BTreeMap<String, Heartbeat>, Vec<Str
 }
 
 /// This node's view of the live set: a node found in the last two reads of the nodes bucket,
-/// or in one of them, unless its heartbeat was deleted (a graceful stop). One read may miss a
-/// heartbeat that is being rewritten; a view that followed each read would flicker, and a
-/// partition freed meanwhile would go to the wrong node. A node that died is out of the view
-/// one round after its heartbeat expired (about when its leases do).
-#[derive(Debug, Default)]
+/// or in one of them, unless its heartbeat was deleted (a graceful stop). A read goes through a
+/// consumer on one replica's copy of the bucket, which may miss a heartbeat being rewritten or
+/// lag behind the leader (for a while after NATS lost its quorum); a view that followed each
+/// read would flicker, and a partition freed meanwhile would go to the wrong node. So a node is
+/// dropped only when two reads in a row missed it and the bucket's leader has no heartbeat of
+/// it either ([`View::leaving_after`] names whom to look up). A node that died is out of the
+/// view one round after its heartbeat expired (about when its leases do).
+///
+/// After a round failed (the nodes bucket did not answer, as while NATS has no quorum), every
+/// heartbeat may have expired meanwhile, and the other nodes rewrite theirs only as their own
+/// rounds succeed again: for one lease lifetime after the last failure, the view keeps every
+/// node it holds (a live node has rewritten its heartbeat by then). Without this, a node would
+/// drop the others and take their partitions, whose leases had expired in the same outage, from
+/// under their running owners.
+#[derive(Debug)]
 struct View {
     /// Per node: when this node first saw it, and how many reads in a row missed it.
     seen: HashMap<String, (Instant, u32)>,
+    /// The lease lifetime: how long the view holds on after a failed round.
+    ttl: Duration,
+    /// When a round last failed.
+    failed_at: Option<Instant>,
 }
 
 impl View {
+    /// An empty view, holding on for `ttl` after a failed round.
+    fn new(ttl: Duration) -> View {
+        View {
+            seen: HashMap::new(),
+            ttl,
+            failed_at: None,
+        }
+    }
+
+    /// A round failed: hold on to every node for a lease lifetime from now.
+    fn failed(&mut self) {
+        self.failed_at = Some(Instant::now());
+    }
+
     /// Takes a read (`read`: the heartbeats found, `departed`: those deleted); returns the live
     /// set, logging joins and departures.
     fn update(&mut self, me: &str, read: &[String], departed: &[String]) -> Vec<String> {
@@ -517,14 +564,32 @@ impl View {
             });
             e.1 = 0;
         }
+        let holding_on = self.failed_at.is_some_and(|t| t.elapsed() < self.ttl);
         self.seen.retain(|n, (_, missed)| {
-            let gone = n != me && (departed.contains(n) || *missed >= 2);
+            let gone = n != me && (departed.contains(n) || (*missed >= 2 && !holding_on));
             if gone {
                 tracing::warn!(node = %n, "a node left the cluster (its heartbeat expired or it stopped); its partitions are taken over once their leases expire");
             }
             !gone
         });
         self.seen.keys().cloned().collect()
+    }
+
+    /// The nodes a read of `read` (with `departed`) would drop from the view: missed by the
+    /// read before too, not deleted.
+    fn leaving_after<T>(
+        &self,
+        me: &str,
+        read: &BTreeMap<String, T>,
+        departed: &[String],
+    ) -> Vec<String> {
+        self.seen
+            .iter()
+            .filter(|(n, (_, missed))| {
+                n.as_str() != me && *missed >= 1 && !read.contains_key(*n) && !departed.contains(n)
+            })
+            .map(|(n, _)| n.clone())
+            .collect()
     }
 
     /// Whether the live set has not changed for `ttl`.
@@ -548,7 +613,7 @@ pub async fn run_membership(m: Membership, ready: watch::Sender<bool>, stop: Can
     let ttl = m.nats.lease_ttl;
     let every = (ttl / 3).min(Duration::from_secs(1));
     let mut free_since: HashMap<u16, Instant> = HashMap::new();
-    let mut view = View::default();
+    let mut view = View::new(ttl);
     let mut round: u64 = 0;
     // A lease released anywhere starts a round at once (expiry is seen by the rounds).
     let kick_watch = {
@@ -577,6 +642,7 @@ pub async fn run_membership(m: Membership, ready: watch::Sender<bool>, stop: Can
     loop {
         round += 1;
         if let Err(e) = membership_round(&m, &mut free_since, &mut view, round).await {
+            view.failed();
             tracing::warn!(error = %e, "cluster membership round failed");
         } else {
             ready.send_if_modified(|r| !std::mem::replace(r, true));
@@ -624,7 +690,15 @@ async fn renew_held(rt: &Runtime) {
     let was_lost: Vec<bool> = held.iter().map(|(_, l)| l.is_lost()).collect();
     let results =
         futures_util::future::join_all(held.iter().map(|(_, l)| rt.leases.renew(l))).await;
-    for (((p, _), r), was_lost) in held.iter().zip(results).zip(was_lost) {
+    for (((p, lease), r), was_lost) in held.iter().zip(results).zip(was_lost) {
+        let r = match (r, p) {
+            (Renewed::Expired, Some(p)) => reclaim(rt, *p, lease).await,
+            (Renewed::Expired, None) => {
+                lease.mark_lost();
+                Renewed::Lost
+            }
+            (r, _) => r,
+        };
         // Once, when the loss is found (the partition keeps its lease until it has stopped).
         if r == Renewed::Lost
             && !was_lost
@@ -632,8 +706,43 @@ async fn renew_held(rt: &Runtime) {
         {
             tracing::warn!(
                 partition = p,
-                "lease lost (taken by another node, or expired while the lease bucket could not be written); the partition stands down"
+                "lease lost (taken by another node, or expired and not safe to take back); the partition stands down"
             );
+        }
+    }
+}
+
+/// Partition `p`'s lease expired under its running task (the lease bucket could not be
+/// written for longer than `lease_ttl`, e.g. during its leader election). The task's state is
+/// still right unless another owner moved the partition on meanwhile; the only step of another
+/// owner that this task cannot absorb is a checkpoint (its purge may remove input this task has
+/// not read), and a checkpoint names its owner's epoch, newer than this lease's. So the lease is
+/// taken back when the checkpoint pointer's epoch is not newer than the lease's; events another
+/// owner published meanwhile are found by the outbox's expected-sequence check and suppressed.
+async fn reclaim(rt: &Runtime, p: u16, lease: &Lease) -> Renewed {
+    match checkpoint::read_pointer(&rt.shared.nats, p).await {
+        Ok(ptr)
+            if ptr
+                .as_ref()
+                .is_none_or(|(ptr, _)| ptr.epoch <= lease.epoch()) =>
+        {
+            let r = rt.leases.reclaim(lease).await;
+            if r == Renewed::Yes {
+                tracing::info!(
+                    partition = p,
+                    "lease expired while the lease bucket could not be written; taken back (no other owner checkpointed)"
+                );
+                metrics::counter!(t::CLUSTER_LEASES_RECLAIMED).increment(1);
+            }
+            r
+        }
+        Ok(_) => {
+            lease.mark_lost();
+            Renewed::Lost
+        }
+        Err(e) => {
+            tracing::debug!(partition = p, error = %e, "reading the checkpoint pointer to take an expired lease back");
+            Renewed::Unknown
         }
     }
 }
@@ -667,7 +776,17 @@ async fn membership_round(
     rt.reap().await;
     beat.map_err(|e| NatsError::request("heartbeat", e))?;
     // 3. Who is live, who holds what.
-    let (live, departed) = read_nodes(&m.nats).await?;
+    let (mut live, departed) = read_nodes(&m.nats).await?;
+    // That read comes from one replica's copy of the bucket, which can lag behind (for a while
+    // after NATS lost its quorum): a node this read would drop from the view is looked up at
+    // the bucket's leader first.
+    for n in view.leaving_after(&m.node, &live, &departed) {
+        if let Some((v, _)) = Nats::kv_read(&m.nats.nodes, &n).await?
+            && let Ok(h) = serde_json::from_slice::<Heartbeat>(&v)
+        {
+            live.insert(n, h);
+        }
+    }
     rt.shared
         .set_checkpoint_version(checkpoint::readable_by_all(
             live.values().map(|h| h.reads_checkpoint_version),
@@ -690,11 +809,15 @@ async fn membership_round(
         let key = partition_lease(p);
         match holders.get(&key) {
             None => {
-                let since = *free_since.entry(p).or_insert(now);
+                // Counted from the last failed round at the earliest: a lease that expired in an
+                // outage is its owner's to take back first, and its renewals may take a few
+                // seconds more than this node's rounds to get through again.
+                let free = *free_since.entry(p).or_insert(now);
+                let since = view.failed_at.map_or(free, |f| free.max(f));
                 let Some(r) = order.iter().position(|n| *n == m.node) else {
                     continue;
                 };
-                if mine.contains(&p) {
+                if mine.contains(&p) || !rt.may_take(p) {
                     continue;
                 }
                 if owner == Some(m.node.as_str()) || since.elapsed() >= ttl * (r as u32 + 1) {
@@ -811,4 +934,46 @@ pub async fn run_watermark(
         }
     }
     follow.abort();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_node_missing_from_two_reads_leaves_the_view_unless_a_round_failed_lately() {
+        let ttl = Duration::from_millis(40);
+        let mut view = View::new(ttl);
+        assert_eq!(view.update("a", &ids(&["b", "c"]), &[]).len(), 3);
+        // One miss is forgiven; two drop the node, so the second is checked first.
+        let read = |v: &[&str]| -> BTreeMap<String, ()> {
+            v.iter().map(|n| (n.to_string(), ())).collect()
+        };
+        assert!(view.leaving_after("a", &read(&["b"]), &[]).is_empty());
+        assert_eq!(view.update("a", &ids(&["b"]), &[]).len(), 3);
+        assert_eq!(view.leaving_after("a", &read(&["b"]), &[]), ids(&["c"]));
+        assert!(
+            view.leaving_after("a", &read(&["b"]), &ids(&["c"]))
+                .is_empty()
+        );
+        let mut live = view.update("a", &ids(&["b"]), &[]);
+        live.sort();
+        assert_eq!(live, ids(&["a", "b"]));
+
+        // After a failed round, misses drop nobody for a lease lifetime.
+        let mut view = View::new(ttl);
+        view.update("a", &ids(&["b", "c"]), &[]);
+        view.failed();
+        view.update("a", &[], &[]);
+        assert_eq!(view.update("a", &[], &[]).len(), 3);
+        // A graceful stop (a deleted heartbeat) is taken at once even then.
+        assert_eq!(view.update("a", &ids(&["b"]), &ids(&["c"])).len(), 2);
+        std::thread::sleep(ttl + Duration::from_millis(10));
+        view.update("a", &[], &[]);
+        assert_eq!(view.update("a", &[], &[]), ids(&["a"]));
+    }
 }

@@ -44,6 +44,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::consumer::{DeliverPolicy, pull};
 use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use futures_util::StreamExt;
 use metrics::{counter, gauge, histogram};
 use tokio::sync::mpsc;
@@ -211,6 +212,9 @@ async fn start(
         messages,
         elected,
         resubscribing: None,
+        heard: Instant::now(),
+        waiting: None,
+        stall_timer: tokio::time::interval(INPUT_STALL),
         queries,
         control,
         caught_up,
@@ -264,29 +268,55 @@ async fn input_consumer(sh: &Shared, p: u16, from: u64) -> Result<(Messages, boo
 /// consumer is made through the JetStream meta leader, which may itself be being elected).
 const RESUBSCRIBE_TRY: Duration = Duration::from_secs(1);
 
-/// Tries to re-create the input consumer from `from` for about 30 s, a try of at most
-/// [`RESUBSCRIBE_TRY`] every 250 ms; `None` when none succeeded (the old consumer, which the
-/// client library recovers on its own, stays).
-async fn resubscribe(sh: Arc<Shared>, p: u16, from: u64) -> Option<Messages> {
-    for _ in 0..24 {
+/// Re-creates the input consumer from `from`, a try of at most [`RESUBSCRIBE_TRY`] every
+/// 250 ms until one succeeds (warning once after [`INPUT_STALL`] of failures): the old consumer
+/// may never recover on its own, so giving up could leave the partition without input for good.
+/// A newer election or a stall check replaces this future.
+async fn resubscribe(sh: Arc<Shared>, p: u16, from: u64) -> Messages {
+    let t0 = Instant::now();
+    let mut warned = false;
+    loop {
         match tokio::time::timeout(RESUBSCRIBE_TRY, input_consumer(&sh, p, from)).await {
-            Ok(Ok((messages, _))) => return Some(messages),
+            Ok(Ok((messages, _))) => return messages,
             Ok(Err(e)) => {
                 tracing::debug!(partition = p, error = %e, "re-creating the input consumer")
             }
             Err(_) => tracing::debug!(partition = p, "re-creating the input consumer: timed out"),
         }
+        if !warned && t0.elapsed() > INPUT_STALL {
+            warned = true;
+            tracing::warn!(
+                partition = p,
+                "input consumer not re-created yet; still trying"
+            );
+        }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    tracing::warn!(
-        partition = p,
-        "input consumer not re-created after a leader election; the old one recovers on its own"
-    );
-    None
+}
+
+/// How long a partition may hear nothing from its input consumer before it asks the stream
+/// whether input is waiting; input found waiting at two checks in a row (not applied in
+/// between) means the consumer has stalled, and it is re-created.
+const INPUT_STALL: Duration = Duration::from_secs(5);
+
+/// The stream sequence of the newest record on partition `p`'s input subject (0: none), within
+/// 1 s; `None` when the stream did not answer.
+async fn last_input(sh: &Shared, p: u16) -> Option<u64> {
+    let subject = in_subject(p);
+    let last = sh.nats.input.get_last_raw_message_by_subject(&subject);
+    match tokio::time::timeout(Duration::from_secs(1), last).await {
+        Ok(Ok(m)) => Some(m.sequence),
+        Ok(Err(e)) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Some(0),
+        Ok(Err(e)) => {
+            tracing::debug!(partition = p, error = %e, "checking the partition's input for a stall");
+            None
+        }
+        Err(_) => None,
+    }
 }
 
 /// A re-creation of the input consumer under way.
-type Resubscribing = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Messages>> + Send>>;
+type Resubscribing = std::pin::Pin<Box<dyn std::future::Future<Output = Messages> + Send>>;
 
 /// One partition's backend.
 struct Partition {
@@ -299,8 +329,15 @@ struct Partition {
     messages: Messages,
     /// The input stream's leader elections: the consumer is re-created on each.
     elected: tokio::sync::watch::Receiver<u64>,
-    /// The input consumer being re-created after an election, while the old one goes on.
+    /// The input consumer being re-created after an election or a stall, while the old one
+    /// goes on.
     resubscribing: Option<Resubscribing>,
+    /// When the input consumer last delivered a message (or was created).
+    heard: Instant,
+    /// The newest input the last stall check found waiting beyond what was applied.
+    waiting: Option<u64>,
+    /// Ticks every [`INPUT_STALL`]: the stall check.
+    stall_timer: tokio::time::Interval,
     queries: async_nats::Subscriber,
     control: mpsc::Receiver<Control>,
     /// The input read so far reached the stream's end once (replay done).
@@ -330,12 +367,42 @@ enum Got {
     Message(Option<Result<Box<async_nats::jetstream::Message>, NatsError>>),
     /// The input stream has a new leader.
     Elected,
-    /// A re-created input consumer (`None`: none could be made).
-    Resubscribed(Option<Box<Messages>>),
+    /// Time to check the input consumer for a stall.
+    StallCheck,
+    /// A re-created input consumer.
+    Resubscribed(Box<Messages>),
     Again,
 }
 
 impl Partition {
+    /// Every [`INPUT_STALL`]: if the consumer has been silent that long, asks the stream for
+    /// the newest input; input that was already waiting at the previous check and is still not
+    /// applied means the consumer stalled (it does not always recover on its own after the
+    /// stream lost its quorum), so it is re-created from the record after `applied`.
+    async fn check_stall(&mut self, applied: u64) {
+        if self.heard.elapsed() < INPUT_STALL {
+            self.waiting = None;
+            return;
+        }
+        let Some(last) = last_input(&self.sh, self.p).await else {
+            return;
+        };
+        let waited = self.waiting.is_some_and(|w| w > applied);
+        self.waiting = (last > applied).then_some(last);
+        if waited && last > applied {
+            tracing::warn!(
+                partition = self.p,
+                applied,
+                last,
+                "input consumer stalled with input waiting; re-creating it"
+            );
+            counter!(t::CLUSTER_INPUT_STALLS).increment(1);
+            self.waiting = None;
+            let (sh, p) = (self.sh.clone(), self.p);
+            self.resubscribing = Some(Box::pin(resubscribe(sh, p, applied + 1)));
+        }
+    }
+
     /// Turns an input message into a record (waiting for this node's fence log to reach a
     /// fence marker), or why the partition must stop.
     async fn record(
@@ -568,7 +635,8 @@ impl Backend for Partition {
                     Some(Control::Stop) | None => Work::Stop(Stop::Asked),
                 }),
                 Ok(()) = self.elected.changed() => Got::Elected,
-                m = async { resubscribing.as_mut().expect("guarded").await }, if resubscribing_on => Got::Resubscribed(m.map(Box::new)),
+                _ = self.stall_timer.tick(), if !resubscribing_on => Got::StallCheck,
+                m = async { resubscribing.as_mut().expect("guarded").await }, if resubscribing_on => Got::Resubscribed(Box::new(m)),
                 m = self.messages.next() => Got::Message(
                     m.map(|r| r.map(Box::new).map_err(|e| NatsError::request("partition input", e))),
                 ),
@@ -595,15 +663,12 @@ impl Backend for Partition {
                     let from = driver.applied() + 1;
                     self.resubscribing = Some(Box::pin(resubscribe(self.sh.clone(), self.p, from)));
                 }
+                Got::StallCheck => self.check_stall(driver.applied()).await,
                 Got::Resubscribed(m) => {
                     self.resubscribing = None;
-                    if let Some(m) = m {
-                        self.messages = *m;
-                        tracing::debug!(
-                            partition = self.p,
-                            "input consumer re-created after a leader election"
-                        );
-                    }
+                    self.messages = *m;
+                    self.heard = Instant::now();
+                    tracing::debug!(partition = self.p, "input consumer re-created");
                 }
                 Got::Message(None) => {
                     self.failed = Some(NatsError::request("partition input", "consumer ended"));
@@ -613,14 +678,17 @@ impl Backend for Partition {
                     tracing::warn!(partition = self.p, error = %e, "partition input; retrying");
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
-                Got::Message(Some(Ok(m))) => match self.record(*m).await {
-                    Ok(Work::Record { pos, .. }) if pos <= driver.applied() => {}
-                    Ok(w) => return w,
-                    Err(e) => {
-                        self.failed = Some(e);
-                        return Work::Stop(Stop::Lost);
+                Got::Message(Some(Ok(m))) => {
+                    self.heard = Instant::now();
+                    match self.record(*m).await {
+                        Ok(Work::Record { pos, .. }) if pos <= driver.applied() => {}
+                        Ok(w) => return w,
+                        Err(e) => {
+                            self.failed = Some(e);
+                            return Work::Stop(Stop::Lost);
+                        }
                     }
-                },
+                }
             }
         }
     }

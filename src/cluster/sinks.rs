@@ -151,7 +151,13 @@ impl Inner {
                     _ = l.lost().cancelled() => return,
                     _ = tokio::time::sleep(every) => {}
                 }
-                if leases.renew(&l).await == Renewed::Lost {
+                let renewed = leases.renew(&l).await;
+                if renewed == Renewed::Expired {
+                    // Another node may already be taking the free sink: stand down (its
+                    // deliveries resume from the shared cursor).
+                    l.mark_lost();
+                }
+                if matches!(renewed, Renewed::Lost | Renewed::Expired) {
                     tracing::warn!(key = %l.key(), "webhook lease lost (taken by another node, or expired while the lease bucket could not be written)");
                     return;
                 }

@@ -157,6 +157,17 @@ impl NatsCluster {
         self.nodes[i].proc = None;
     }
 
+    /// Sends server `i` signal `sig` (SIGSTOP pauses it: it keeps its connections and answers
+    /// nothing; SIGCONT resumes it).
+    pub fn signal(&self, i: usize, sig: i32) {
+        if let Some(p) = &self.nodes[i].proc {
+            // SAFETY: kill(2) on a child process id we own and have not reaped.
+            unsafe {
+                libc::kill(p.id() as i32, sig);
+            }
+        }
+    }
+
     /// Starts server `i` again on its ports and store.
     pub async fn restart(&mut self, i: usize) {
         self.spawn(i);

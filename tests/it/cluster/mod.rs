@@ -17,7 +17,10 @@
 //! 6. kill -9 of a node while a client keeps sending to a survivor, whose answers must not wait
 //!    for the failure detection;
 //! 7. a re-sent batch that the input stream stores a second time (its duplicate window cut
-//!    short): answered as duplicates, nothing changed.
+//!    short): answered as duplicates, nothing changed;
+//! 8. two of the three NATS servers paused past the lease: no partition changes hands;
+//! 9. every lease key deleted under its owner (as if expired): each owner takes its own back;
+//!    then one more, with a newer owner's epoch in its checkpoint pointer: its owner stands down.
 //!
 //! The scenarios run one at a time (a lock), each on fresh servers.
 
@@ -36,7 +39,7 @@ use serde_json::{Value, json};
 
 use crate::common::{get_value, temp_dir};
 use crate::replay::{fences, to_fix, trace};
-use geodwell::cluster::nats::{DUPLICATE_WINDOW, IN_STREAM};
+use geodwell::cluster::nats::{DUPLICATE_WINDOW, IN_STREAM, LEASES, META};
 use harness::{NatsCluster, Node};
 
 /// One cluster scenario at a time: each runs 3 NATS servers and 3 geodwell nodes.
@@ -389,6 +392,25 @@ impl Cluster {
         }
     }
 
+    /// How many times `what` stands in the nodes' logs.
+    fn in_logs(&self, what: &str) -> usize {
+        self.nodes
+            .iter()
+            .map(|n| n.log().matches(what).count())
+            .sum()
+    }
+
+    /// A JetStream client of the test's NATS cluster.
+    async fn jetstream(&self) -> async_nats::jetstream::Context {
+        let servers: Vec<async_nats::ServerAddr> = self
+            .nats
+            .urls()
+            .split(',')
+            .map(|u| u.parse().unwrap())
+            .collect();
+        async_nats::jetstream::new(async_nats::connect(servers).await.unwrap())
+    }
+
     fn logs(&self) -> String {
         let mut out = String::new();
         for n in &self.nodes {
@@ -638,6 +660,122 @@ async fn kill_9_of_a_nats_server_loses_nothing() {
     c.check(0, &w.reference, "kill -9 of a NATS server").await;
 }
 
+/// Two of the three NATS servers paused for three lease lifetimes: no stream has a leader, no
+/// lease can be renewed, and the servers may expire the leases (whether they do before the
+/// first renewal that reaches a new leader depends on the servers' expiry timers). Nobody can
+/// checkpoint meanwhile, so an owner whose lease expired takes it back as soon as the bucket
+/// answers: no partition changes hands, every partition's input consumer resumes (re-created
+/// if it stalled), and nothing is lost or doubled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "open fault: in some runs one partition's events differ from the reference (docs/cluster.md, Open fault: NATS without a quorum)"]
+async fn nats_without_quorum_past_the_lease_moves_no_partition_and_loses_nothing() {
+    let _one = scenario_env().await;
+    let w = workload();
+    let c = Cluster::start().await;
+    // Each node has its share (no handover due) before the servers pause.
+    c.wait_balanced().await;
+    let n = w.batches.len();
+    c.send_range(0..n / 2).await;
+    let before = c.in_logs("partition taken");
+    for i in [1, 2] {
+        c.nats.signal(i, libc::SIGSTOP);
+    }
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    for i in [1, 2] {
+        c.nats.signal(i, libc::SIGCONT);
+    }
+    // No wait for the servers' health check: after a pause it can fail for long on the
+    // nodes' short-lived consumers; the batches are sent again until a node takes them.
+    c.send_range(n / 2..n).await;
+    c.check(0, &w.reference, "NATS without quorum past the lease")
+        .await;
+    assert_eq!(
+        c.in_logs("partition taken"),
+        before,
+        "no partition changed hands\n{}",
+        c.logs()
+    );
+}
+
+/// Every partition lease key vanishes from the bucket under its running owner, as when the
+/// leases expire while the bucket has no leader. Nobody checkpointed meanwhile, so each owner
+/// takes its lease back at its next renewal: no partition changes hands, nothing is lost or
+/// doubled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_keys_that_vanish_under_their_owners_are_taken_back() {
+    let _one = scenario_env().await;
+    let w = workload();
+    let c = Cluster::start().await;
+    c.wait_balanced().await;
+    let n = w.batches.len();
+    c.send_range(0..n / 2).await;
+    let before = c.in_logs("partition taken");
+    let js = c.jetstream().await;
+    let leases = js.get_key_value(LEASES).await.unwrap();
+    for p in 0..16 {
+        leases.delete(format!("p.{p}")).await.unwrap();
+    }
+    c.send_range(n / 2..n).await;
+    c.check(1, &w.reference, "lease keys gone").await;
+    assert_eq!(
+        c.in_logs("taken back"),
+        16,
+        "every lease taken back\n{}",
+        c.logs()
+    );
+    assert_eq!(
+        c.in_logs("partition taken"),
+        before,
+        "no partition changed hands\n{}",
+        c.logs()
+    );
+
+    // Had another owner checkpointed the partition meanwhile (its pointer names a newer epoch),
+    // taking the lease back would be unsafe: the owner stands down and the partition is taken
+    // over (restore, replay), and still nothing is lost or doubled. Nothing is sent now, so
+    // no checkpoint moves the pointer under the test.
+    let p = 3;
+    let meta = js.get_key_value(META).await.unwrap();
+    let key = format!("ck.{p}");
+    loop {
+        let e = meta
+            .entry(&key)
+            .await
+            .unwrap()
+            .expect("partition 3 has a checkpoint");
+        let mut ptr: Value = serde_json::from_slice(&e.value).unwrap();
+        ptr["epoch"] = json!(ptr["epoch"].as_u64().unwrap() + 1_000_000);
+        let body = serde_json::to_vec(&ptr).unwrap();
+        if meta.update(&key, body.into(), e.revision).await.is_ok() {
+            break;
+        }
+    }
+    leases.delete(format!("p.{p}")).await.unwrap();
+    let field = format!("partition={p}");
+    let t0 = Instant::now();
+    while !c.nodes.iter().any(|n| {
+        n.log()
+            .lines()
+            .any(|l| l.contains("not safe to take back") && l.contains(&field))
+    }) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the owner stood down\n{}",
+            c.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    c.wait_settled(Duration::from_secs(60)).await;
+    c.check(1, &w.reference, "a lease gone after a newer checkpoint")
+        .await;
+    assert_eq!(
+        c.in_logs("partition taken"),
+        before + 1,
+        "only partition {p} changed hands\n{}",
+        c.logs()
+    );
+}
+
 /// The input stream stores a re-sent batch's parts again (as a leader elected while the first
 /// copies were in flight may: the stream's duplicate window is shortened here to make it happen
 /// at will). The copies change nothing, and the re-sent batch is answered as duplicates, not as
@@ -650,14 +788,7 @@ async fn a_batch_the_stream_stores_twice_is_a_duplicate_and_changes_nothing() {
     let n = w.batches.len();
     let again = n / 4;
     c.send_range(0..n / 2).await;
-    let servers: Vec<async_nats::ServerAddr> = c
-        .nats
-        .urls()
-        .split(',')
-        .map(|u| u.parse().unwrap())
-        .collect();
-    let nats = async_nats::connect(servers).await.unwrap();
-    let js = async_nats::jetstream::new(nats);
+    let js = c.jetstream().await;
     let set_window = |window: Duration| {
         let js = js.clone();
         async move {
