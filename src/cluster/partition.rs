@@ -97,7 +97,7 @@ pub enum Ended {
 
 /// How long a fence marker waits for this node's fence log to reach it.
 const FENCE_WAIT: Duration = Duration::from_secs(60);
-/// A tick written and not seen back for this long is written again.
+/// A tick written (or failed to be written) and not seen back for this long is written again.
 const TICK_RETRY: Duration = Duration::from_secs(2);
 
 /// A checkpoint being frozen into an object.
@@ -626,6 +626,7 @@ impl Backend for Partition {
         loop {
             let can_checkpoint = self.freeze.is_none() && self.writing.is_none();
             let resubscribing_on = self.resubscribing.is_some();
+            let retry_tick = self.tick_outstanding.map(|t| t + TICK_RETRY);
             let resubscribing = &mut self.resubscribing;
             let got = tokio::select! {
                 biased;
@@ -636,6 +637,10 @@ impl Backend for Partition {
                 }),
                 Ok(()) = self.elected.changed() => Got::Elected,
                 _ = self.stall_timer.tick(), if !resubscribing_on => Got::StallCheck,
+                // A tick not back in time is written again: with no input and no new watermark
+                // nothing else would wake the task, and the partition's last deadlines (the
+                // trace's final DWELLs) would never fire.
+                () = tokio::time::sleep_until(tokio::time::Instant::from_std(retry_tick.unwrap_or_else(Instant::now))), if retry_tick.is_some() => Got::Work(Work::Wake),
                 m = async { resubscribing.as_mut().expect("guarded").await }, if resubscribing_on => Got::Resubscribed(Box::new(m)),
                 m = self.messages.next() => Got::Message(
                     m.map(|r| r.map(Box::new).map_err(|e| NatsError::request("partition input", e))),
@@ -747,10 +752,15 @@ impl Backend for Partition {
         {
             return;
         }
+        // A tick written earlier and not back (lost with a leader, or never written) is
+        // written again if still due; [`Partition::next`] wakes the task for that.
+        self.tick_outstanding = None;
         let due = driver.next_due().is_some_and(|d| d <= w);
-        if due && driver.watermark().is_none_or(|e| e < w) && self.write(&Input::Tick(w)).await {
+        if due && driver.watermark().is_none_or(|e| e < w) {
+            if self.write(&Input::Tick(w)).await {
+                counter!(t::CLUSTER_TICKS).increment(1);
+            }
             self.tick_outstanding = Some(Instant::now());
-            counter!(t::CLUSTER_TICKS).increment(1);
         }
     }
 

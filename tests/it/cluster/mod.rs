@@ -667,7 +667,7 @@ async fn kill_9_of_a_nats_server_loses_nothing() {
 /// answers: no partition changes hands, every partition's input consumer resumes (re-created
 /// if it stalled), and nothing is lost or doubled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "open fault: in some runs one partition's events differ from the reference (docs/cluster.md, Open fault: NATS without a quorum)"]
+#[ignore = "one failure not explained yet (docs/cluster.md, Open fault: NATS without a quorum)"]
 async fn nats_without_quorum_past_the_lease_moves_no_partition_and_loses_nothing() {
     let _one = scenario_env().await;
     let w = workload();
