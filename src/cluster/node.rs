@@ -527,7 +527,8 @@ async fn read_nodes(nats: &Nats) -> Result<(BTreeMap<String, Heartbeat>, Vec<Str
 struct View {
     /// Per node: when this node first saw it, and how many reads in a row missed it.
     seen: HashMap<String, (Instant, u32)>,
-    /// The lease lifetime: how long the view holds on after a failed round.
+    /// The lease lifetime: how long the view holds on after a failed round, and how long the
+    /// live set must stay unchanged to count as settled.
     ttl: Duration,
     /// When a round last failed.
     failed_at: Option<Instant>,
@@ -592,9 +593,11 @@ impl View {
             .collect()
     }
 
-    /// Whether the live set has not changed for `ttl`.
-    fn settled(&self, ttl: Duration) -> bool {
-        self.seen.values().all(|(first, _)| first.elapsed() >= ttl)
+    /// Whether the live set has not changed for a lease lifetime.
+    fn settled(&self) -> bool {
+        self.seen
+            .values()
+            .all(|(first, _)| first.elapsed() >= self.ttl)
     }
 }
 
@@ -802,7 +805,7 @@ async fn membership_round(
     tracing::debug!(round, holders = ?holders, nodes = ?nodes, "membership round");
     let mine = rt.owned();
     let assigned = owners(m.nats.partitions, &nodes);
-    let settled = view.settled(ttl);
+    let settled = view.settled();
     for p in 0..m.nats.partitions {
         let order = rank(&partition_key(p), &nodes);
         let owner = assigned.get(usize::from(p)).copied();

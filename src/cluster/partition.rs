@@ -398,9 +398,14 @@ impl Partition {
             );
             counter!(t::CLUSTER_INPUT_STALLS).increment(1);
             self.waiting = None;
-            let (sh, p) = (self.sh.clone(), self.p);
-            self.resubscribing = Some(Box::pin(resubscribe(sh, p, applied + 1)));
+            self.resubscribe_from(applied + 1);
         }
+    }
+
+    /// Starts re-creating the input consumer from stream sequence `from` (replacing a
+    /// re-creation under way); the old consumer goes on meanwhile.
+    fn resubscribe_from(&mut self, from: u64) {
+        self.resubscribing = Some(Box::pin(resubscribe(self.sh.clone(), self.p, from)));
     }
 
     /// Turns an input message into a record (waiting for this node's fence log to reach a
@@ -640,7 +645,7 @@ impl Backend for Partition {
                 // A tick not back in time is written again: with no input and no new watermark
                 // nothing else would wake the task, and the partition's last deadlines (the
                 // trace's final DWELLs) would never fire.
-                () = tokio::time::sleep_until(tokio::time::Instant::from_std(retry_tick.unwrap_or_else(Instant::now))), if retry_tick.is_some() => Got::Work(Work::Wake),
+                () = crate::runtime::sleep_until(retry_tick), if retry_tick.is_some() => Got::Work(Work::Wake),
                 m = async { resubscribing.as_mut().expect("guarded").await }, if resubscribing_on => Got::Resubscribed(Box::new(m)),
                 m = self.messages.next() => Got::Message(
                     m.map(|r| r.map(Box::new).map_err(|e| NatsError::request("partition input", e))),
@@ -665,8 +670,7 @@ impl Backend for Partition {
                     // From the record after the last one applied: what the old consumer
                     // delivers meanwhile is applied, and delivered again by the new one, which
                     // skips it (at or before the driver's position).
-                    let from = driver.applied() + 1;
-                    self.resubscribing = Some(Box::pin(resubscribe(self.sh.clone(), self.p, from)));
+                    self.resubscribe_from(driver.applied() + 1);
                 }
                 Got::StallCheck => self.check_stall(driver.applied()).await,
                 Got::Resubscribed(m) => {

@@ -30,6 +30,7 @@ use geodwell_core::engine::{DeviceState, Engine};
 use geodwell_core::partition::{Applied, Driver, FenceSource, Frozen, Input};
 use geodwell_core::time::Ts;
 
+pub(crate) use task::sleep_until;
 pub use task::{CHECKPOINT_CHUNK, IDLE_EVERY, PartitionCtx, run};
 
 /// What a partition task is given to do next.

@@ -234,7 +234,8 @@ fn work_off(driver: &mut Driver, label: &str) {
     }
 }
 
-async fn sleep_until(at: Option<Instant>) {
+/// Sleeps until `at`; for ever when there is none (a `select!` arm disabled by its guard).
+pub(crate) async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at.into()).await,
         None => std::future::pending().await,

@@ -392,6 +392,26 @@ impl Cluster {
         }
     }
 
+    /// A fresh cluster whose nodes have their share (no handover due), the trace's first half
+    /// sent; and how many takeovers its nodes have logged so far.
+    async fn balanced_with_first_half() -> (Cluster, usize) {
+        let c = Cluster::start().await;
+        c.wait_balanced().await;
+        c.send_range(0..workload().batches.len() / 2).await;
+        let before = c.in_logs("partition taken");
+        (c, before)
+    }
+
+    /// Asserts that the nodes have logged `expected` takeovers in all (`what` says why).
+    fn assert_takeovers(&self, expected: usize, what: &str) {
+        assert_eq!(
+            self.in_logs("partition taken"),
+            expected,
+            "{what}\n{}",
+            self.logs()
+        );
+    }
+
     /// How many times `what` stands in the nodes' logs.
     fn in_logs(&self, what: &str) -> usize {
         self.nodes
@@ -671,12 +691,8 @@ async fn kill_9_of_a_nats_server_loses_nothing() {
 async fn nats_without_quorum_past_the_lease_moves_no_partition_and_loses_nothing() {
     let _one = scenario_env().await;
     let w = workload();
-    let c = Cluster::start().await;
-    // Each node has its share (no handover due) before the servers pause.
-    c.wait_balanced().await;
     let n = w.batches.len();
-    c.send_range(0..n / 2).await;
-    let before = c.in_logs("partition taken");
+    let (c, before) = Cluster::balanced_with_first_half().await;
     for i in [1, 2] {
         c.nats.signal(i, libc::SIGSTOP);
     }
@@ -689,12 +705,7 @@ async fn nats_without_quorum_past_the_lease_moves_no_partition_and_loses_nothing
     c.send_range(n / 2..n).await;
     c.check(0, &w.reference, "NATS without quorum past the lease")
         .await;
-    assert_eq!(
-        c.in_logs("partition taken"),
-        before,
-        "no partition changed hands\n{}",
-        c.logs()
-    );
+    c.assert_takeovers(before, "no partition changed hands");
 }
 
 /// Every partition lease key vanishes from the bucket under its running owner, as when the
@@ -705,11 +716,8 @@ async fn nats_without_quorum_past_the_lease_moves_no_partition_and_loses_nothing
 async fn lease_keys_that_vanish_under_their_owners_are_taken_back() {
     let _one = scenario_env().await;
     let w = workload();
-    let c = Cluster::start().await;
-    c.wait_balanced().await;
     let n = w.batches.len();
-    c.send_range(0..n / 2).await;
-    let before = c.in_logs("partition taken");
+    let (c, before) = Cluster::balanced_with_first_half().await;
     let js = c.jetstream().await;
     let leases = js.get_key_value(LEASES).await.unwrap();
     for p in 0..16 {
@@ -723,12 +731,7 @@ async fn lease_keys_that_vanish_under_their_owners_are_taken_back() {
         "every lease taken back\n{}",
         c.logs()
     );
-    assert_eq!(
-        c.in_logs("partition taken"),
-        before,
-        "no partition changed hands\n{}",
-        c.logs()
-    );
+    c.assert_takeovers(before, "no partition changed hands");
 
     // Had another owner checkpointed the partition meanwhile (its pointer names a newer epoch),
     // taking the lease back would be unsafe: the owner stands down and the partition is taken
@@ -768,12 +771,7 @@ async fn lease_keys_that_vanish_under_their_owners_are_taken_back() {
     c.wait_settled(Duration::from_secs(60)).await;
     c.check(1, &w.reference, "a lease gone after a newer checkpoint")
         .await;
-    assert_eq!(
-        c.in_logs("partition taken"),
-        before + 1,
-        "only partition {p} changed hands\n{}",
-        c.logs()
-    );
+    c.assert_takeovers(before + 1, &format!("only partition {p} changed hands"));
 }
 
 /// The input stream stores a re-sent batch's parts again (as a leader elected while the first
