@@ -53,6 +53,8 @@ pub enum CkMsg {
         fence_change: u64,
         /// The lowest event `seq` a replay after this checkpoint can produce again.
         event_floor: u64,
+        /// The store's health when the round began, read before any shard was asked.
+        began: Began,
     },
     /// A chunk of one shard's frozen devices.
     Devices {
@@ -77,6 +79,42 @@ pub enum CkMsg {
         /// The round.
         round: u64,
     },
+}
+
+/// The store's health when a round began. A partition applies a step before its commit, so
+/// while a commit has failed and its partitions are not rebuilt yet, their engines hold state
+/// the log does not: a round that began then, or that spans a failed commit, could freeze that
+/// state and, once later records reuse the positions the failed ones had, find "its" records
+/// durable and commit it. Such a round is dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Began {
+    /// No partition was waiting for its rebuild (the store was healthy).
+    pub healthy: bool,
+    /// Failed commits so far ([`crate::events::health::StoreHealth::failures`]).
+    pub failures: u64,
+}
+
+impl Began {
+    /// The health now, as a round's start.
+    pub fn now(health: &crate::events::health::StoreHealth) -> Began {
+        // Failures first: a failure between the two reads is then seen as a change, not lost.
+        let failures = health.failures();
+        Began {
+            healthy: health.healthy(),
+            failures,
+        }
+    }
+
+    /// Why a round that began so cannot be committed, if it cannot.
+    pub fn spoiled(&self, failures_now: u64) -> Option<&'static str> {
+        if !self.healthy {
+            Some("the round began while partitions waited for their rebuild after a failed commit")
+        } else if failures_now != self.failures {
+            Some("a commit failed while the round was running")
+        } else {
+            None
+        }
+    }
 }
 
 /// Queue length of the writer (chunks of ~2,000 devices each).
@@ -179,6 +217,7 @@ struct Round<'a> {
     fences: Vec<(String, Option<String>)>,
     fence_change: u64,
     event_floor: u64,
+    began: Began,
     started: Instant,
     error: Option<String>,
 }
@@ -202,6 +241,7 @@ fn write_loop(
                 fences,
                 fence_change,
                 event_floor,
+                began,
             } => {
                 status.busy.store(true, Ordering::Release);
                 let (writer, error) = match ck.begin() {
@@ -215,6 +255,7 @@ fn write_loop(
                     fences,
                     fence_change,
                     event_floor,
+                    began,
                     started: Instant::now(),
                     error,
                 });
@@ -289,6 +330,7 @@ fn finish(
         mut fences,
         fence_change,
         event_floor,
+        began,
         started,
         error,
     } = r;
@@ -305,11 +347,15 @@ fn finish(
     let Some(mut writer) = writer else {
         return fail("no writer".into());
     };
+    let health = publisher.health();
+    if let Some(why) = began.spoiled(health.failures()) {
+        return fail(why.into());
+    }
     // Never ahead of the log: every record the checkpoint covers must be durable first.
     if !rt.block_on(
         publisher
             .durable()
-            .wait_for(&seqs, publisher.health(), stop),
+            .wait_for(&seqs, health, began.failures, stop),
     ) {
         return fail(
             "stopped, or a commit failed, before the log held the records the checkpoint covers"
@@ -364,4 +410,39 @@ fn finish(
         truncate: Some(truncate),
         ..Step::default()
     }));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::health::StoreHealth;
+    use crate::store::{Behind, StoreError};
+
+    fn failure() -> Arc<StoreError> {
+        Arc::new(StoreError::Applying {
+            behind: Behind::Backlog { bytes: 1 },
+            failing: Some("no space".into()),
+        })
+    }
+
+    #[test]
+    fn a_round_begun_during_an_outage_or_spanning_a_failed_commit_is_dropped() {
+        let h = StoreHealth::default();
+        let before = Began::now(&h);
+        assert_eq!(before.spoiled(h.failures()), None);
+        h.failed(failure());
+        h.mark(0);
+        assert!(before.spoiled(h.failures()).is_some(), "spans a failure");
+        let failing = Began::now(&h);
+        assert!(failing.spoiled(h.failures()).is_some(), "began failing");
+        h.probe_committed();
+        let recovering = Began::now(&h);
+        assert!(
+            recovering.spoiled(h.failures()).is_some(),
+            "began before partition 0 rebuilt"
+        );
+        h.rebuilt(0);
+        let after = Began::now(&h);
+        assert_eq!(after.spoiled(h.failures()), None, "healthy again");
+    }
 }

@@ -11,11 +11,12 @@ use tokio_util::task::TaskTracker;
 use crate::auth::Keys;
 use crate::budget::MemoryBudget;
 use crate::clock::Watermark;
+use crate::cluster::status::ClusterOut;
 use crate::config::Config;
 use crate::events::EventLog;
 use crate::fences::FenceRegistry;
 use crate::ingest::Ingest;
-use crate::shard::Shards;
+use crate::shard::{BoxFuture, Shards};
 use crate::webhooks::Webhooks;
 use geodwell_core::time::Ts;
 
@@ -36,9 +37,7 @@ pub struct AppState {
     tasks: TaskTracker,
     mqtt: Option<Arc<crate::mqtt::MqttStatus>>,
     budget: MemoryBudget,
-    store_file: Option<std::path::PathBuf>,
-    checkpoints: Option<Arc<crate::checkpoint::Status>>,
-    cluster: Option<Arc<crate::cluster::ClusterNode>>,
+    deployment: Arc<dyn Deployment>,
     subscribers: Arc<tokio::sync::Semaphore>,
     ingest_sockets: Arc<tokio::sync::Semaphore>,
 }
@@ -66,12 +65,35 @@ pub struct Parts {
     pub shutdown: CancellationToken,
     /// The memory budget for queued input.
     pub budget: MemoryBudget,
-    /// The live store file (input log, events), when there is a store.
-    pub store_file: Option<std::path::PathBuf>,
-    /// Where the checkpoint rounds stand, when there is a store.
-    pub checkpoints: Option<Arc<crate::checkpoint::Status>>,
-    /// The cluster node, when running as one.
-    pub cluster: Option<Arc<crate::cluster::ClusterNode>>,
+    /// What the deployment (one process, or a cluster node) answers for itself.
+    pub deployment: Arc<dyn Deployment>,
+}
+
+/// What differs between the two deployments as the handlers see them: one process on its
+/// embedded store, or a node of a cluster on NATS JetStream (`crate::service` builds either,
+/// and nothing else names which one runs).
+pub trait Deployment: Send + Sync + std::fmt::Debug {
+    /// Whether the deployment's own parts are ready, besides the partitions running (a cluster
+    /// node: connected to NATS, its event log caught up, a membership round done).
+    fn ready(&self) -> bool;
+
+    /// Sets the deployment's own gauges just before a scrape (the store file's size, the last
+    /// checkpoint's age).
+    fn gauges(&self);
+
+    /// `GET /v1/cluster`: the cluster as this node sees it.
+    fn cluster(&self) -> BoxFuture<'_, Result<ClusterOut, ClusterStatusError>>;
+}
+
+/// Why `GET /v1/cluster` has no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterStatusError {
+    /// The service runs as one process on its embedded store.
+    #[error("this node runs on its embedded store, not in a cluster ([cluster] nats_urls)")]
+    NotACluster,
+    /// NATS could not be asked.
+    #[error("the cluster cannot be read")]
+    Unavailable(#[source] crate::cluster::NatsError),
 }
 
 impl AsRef<Ingest> for AppState {
@@ -87,9 +109,7 @@ impl AppState {
             subscribers: Arc::new(tokio::sync::Semaphore::new(parts.cfg.max_subscribers)),
             ingest_sockets: Arc::new(tokio::sync::Semaphore::new(parts.cfg.max_ws_connections)),
             budget: parts.budget,
-            store_file: parts.store_file,
-            checkpoints: parts.checkpoints,
-            cluster: parts.cluster,
+            deployment: parts.deployment,
             mqtt: parts
                 .cfg
                 .mqtt
@@ -170,19 +190,9 @@ impl AppState {
         self.shutdown.is_cancelled()
     }
 
-    /// The live store file, when there is a store.
-    pub fn store_file(&self) -> Option<&std::path::Path> {
-        self.store_file.as_deref()
-    }
-
-    /// Where the checkpoint rounds stand, when there is a store.
-    pub fn checkpoints(&self) -> Option<&crate::checkpoint::Status> {
-        self.checkpoints.as_deref()
-    }
-
-    /// The cluster node, when this process is one.
-    pub fn cluster(&self) -> Option<&Arc<crate::cluster::ClusterNode>> {
-        self.cluster.as_ref()
+    /// What the deployment answers for itself (readiness, its gauges, the cluster's status).
+    pub fn deployment(&self) -> &dyn Deployment {
+        &*self.deployment
     }
 
     /// The memory budget for queued input.

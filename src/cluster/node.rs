@@ -198,7 +198,8 @@ impl Runtime {
                     self.leases.release(&r.lease).await;
                 }
                 Ok(Ended::Failed(e)) => {
-                    tracing::error!(partition = p, error = %e, "partition failed; releasing it");
+                    let cause = std::error::Error::source(&e).map(ToString::to_string);
+                    tracing::error!(partition = p, error = %e, cause = cause.as_deref().unwrap_or(""), "partition failed; releasing it");
                     self.failed
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())

@@ -82,7 +82,7 @@ impl std::fmt::Debug for Control {
 }
 
 /// Why a partition task ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Ended {
     /// Asked to stop (its final checkpoint written, or not if `checkpointed` is false).
     Stopped {
@@ -92,7 +92,18 @@ pub enum Ended {
     /// Its lease was lost: it stood down.
     LeaseLost,
     /// It failed (the lease is released so another node can try).
-    Failed(String),
+    Failed(PartitionError),
+}
+
+/// Why a partition task failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PartitionError {
+    /// NATS failed it (its checkpoint, input or events could not be read or written).
+    #[error("partition failed in NATS")]
+    Nats(#[source] NatsError),
+    /// A fence marker in its input names fence changes this node's fence log does not hold.
+    #[error("partition input names fence changes this node does not hold")]
+    MissingFences(#[source] geodwell_core::partition::MissingFences),
 }
 
 /// How long a fence marker waits for this node's fence log to reach it.
@@ -134,7 +145,7 @@ pub async fn run(
             };
             crate::runtime::run(driver, part, ctx).await
         }
-        Err(e) => Ended::Failed(e.to_string()),
+        Err(e) => Ended::Failed(PartitionError::Nats(e)),
     };
     sh.board.remove(p, epoch);
     gauge!(t::CLUSTER_PARTITION_LAG, "partition" => p.to_string()).set(0.0);
@@ -805,8 +816,8 @@ impl Backend for Partition {
 
     async fn finish(mut self, mut driver: Driver, stop: Stop) -> Ended {
         let ended = match (stop, self.failed.take()) {
-            (_, Some(e)) => Ended::Failed(e.to_string()),
-            (Stop::Failed(missing), None) => Ended::Failed(missing.to_string()),
+            (_, Some(e)) => Ended::Failed(PartitionError::Nats(e)),
+            (Stop::Failed(missing), None) => Ended::Failed(PartitionError::MissingFences(missing)),
             (Stop::Lost, None) => Ended::LeaseLost,
             (Stop::Asked, None) => Ended::Stopped {
                 checkpointed: self.final_checkpoint(&mut driver).await,

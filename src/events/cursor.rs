@@ -95,7 +95,7 @@ impl LogCursor {
         let from = self.next;
         let rows = tokio::task::spawn_blocking(move || store.read_events(from, below, max))
             .await
-            .map_err(|e| StoreError::Worker(e.to_string()))??;
+            .map_err(StoreError::Worker)??;
         let first = rows.first().map_or(below, |(s, _)| *s);
         if first > from {
             read.chunk = Chunk::Missed { to: first };

@@ -153,7 +153,10 @@ mod tests {
     fn a_failure_heals_once_every_marked_partition_rebuilt() {
         let h = StoreHealth::default();
         assert!(h.healthy());
-        h.failed(Arc::new(StoreError::Applying("no space".into())));
+        h.failed(Arc::new(StoreError::Applying {
+            behind: crate::store::Behind::Backlog { bytes: 1 },
+            failing: Some("no space".into()),
+        }));
         h.mark(1);
         h.mark(3);
         assert_eq!(h.state(), StoreState::Failing);
@@ -164,7 +167,10 @@ mod tests {
         h.rebuilt(3);
         assert!(h.healthy());
         assert_eq!(h.failures(), 1);
-        h.failed(Arc::new(StoreError::Applying("again".into())));
+        h.failed(Arc::new(StoreError::Applying {
+            behind: crate::store::Behind::Backlog { bytes: 2 },
+            failing: Some("again".into()),
+        }));
         h.probe_committed();
         assert!(h.healthy(), "nothing to rebuild: healthy at once");
     }

@@ -99,15 +99,15 @@ impl Durable {
     }
 
     /// Waits until every shard `k` has `seqs[k]` committed (false when `stop` is cancelled, or
-    /// a commit fails meanwhile: the partitions it held are rebuilt, and positions they had
-    /// reached in memory are numbered again).
+    /// the store has failed more than `failures` commits: the partitions a failed commit held
+    /// are rebuilt, and positions they had reached in memory are numbered again).
     pub async fn wait_for(
         &self,
         seqs: &[u64],
         health: &StoreHealth,
+        failures: u64,
         stop: &CancellationToken,
     ) -> bool {
-        let failures = health.failures();
         loop {
             if health.failures() != failures {
                 return false;

@@ -144,6 +144,7 @@ impl LocalFences {
                 fences,
                 fence_change: changes.next - 1,
                 event_floor: self.publisher.durable().next_seq(),
+                began: crate::checkpoint::Began::now(self.publisher.health()),
             })
             .await
             .map_err(|_| FenceWriteError::ShuttingDown)?;

@@ -10,7 +10,7 @@ use axum::extract::State;
 use crate::cluster::status::ClusterOut;
 use crate::http::auth::Refused;
 use crate::http::error::{ApiError, ErrorBody};
-use crate::state::AppState;
+use crate::state::{AppState, ClusterStatusError};
 
 /// `GET /v1/cluster`.
 #[utoipa::path(get, path = "/v1/cluster", tag = "ops",
@@ -21,14 +21,13 @@ use crate::state::AppState;
         (status = 503, description = "NATS unreachable or shutting down (Retry-After)", body = ErrorBody),
     ))]
 pub async fn get_cluster(State(st): State<Arc<AppState>>) -> Result<Json<ClusterOut>, ApiError> {
-    let Some(node) = st.cluster() else {
-        return Err(ApiError::not_found(
-            "not_a_cluster",
-            "this node runs on its embedded store, not in a cluster ([cluster] nats_urls)",
-        ));
-    };
-    node.status()
-        .await
-        .map(Json)
-        .map_err(|e| ApiError::unavailable("cluster_unavailable", e.to_string()))
+    match st.deployment().cluster().await {
+        Ok(out) => Ok(Json(out)),
+        Err(e @ ClusterStatusError::NotACluster) => {
+            Err(ApiError::not_found("not_a_cluster", e.to_string()))
+        }
+        Err(ClusterStatusError::Unavailable(e)) => {
+            Err(ApiError::unavailable("cluster_unavailable", e.to_string()))
+        }
+    }
 }

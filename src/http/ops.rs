@@ -86,13 +86,7 @@ pub enum NotReadyStatus {
 pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     t::collect_process();
     metrics::gauge!(t::EVENT_LOG_EVENTS).set(st.log().len() as f64);
-    if let Some(f) = st.store_file() {
-        metrics::gauge!(t::STORE_LOG_BYTES)
-            .set(std::fs::metadata(f).map_or(0.0, |m| m.len() as f64));
-    }
-    if let Some(age) = st.checkpoints().and_then(|c| c.age_secs()) {
-        metrics::gauge!(t::STORE_CHECKPOINT_AGE_SECONDS).set(age);
-    }
+    st.deployment().gauges();
     (
         [(
             header::CONTENT_TYPE,
@@ -124,11 +118,7 @@ pub async fn healthz() -> Json<Health> {
 pub async fn readyz(
     State(st): State<Arc<AppState>>,
 ) -> Result<Json<Ready>, (StatusCode, Json<NotReady>)> {
-    // A cluster node: connected, caught up, and its partitions live (or it stands by).
-    let up = match st.cluster() {
-        Some(node) => node.ready() && st.shards().running(),
-        None => st.shards().running(),
-    };
+    let up = st.deployment().ready() && st.shards().running();
     if up && !st.is_shutting_down() {
         Ok(Json(Ready {
             clock: st.config().clock,

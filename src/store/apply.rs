@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use metrics::{counter, gauge, histogram};
 
 use super::batch::Batch;
-use super::error::StoreError;
+use super::error::{Behind, StoreError};
 use super::journal::Journal;
 use super::live::{Flush, Live};
 use crate::telemetry as t;
@@ -117,15 +117,8 @@ impl Applier {
             q,
             ADMIT_WAIT,
             |q| q.bytes == 0 || q.bytes + bytes <= MAX_BACKLOG_BYTES,
-            |q| {
-                format!(
-                    "{} bytes of commits wait to be written to the store file{}",
-                    q.bytes,
-                    q.failing
-                        .as_deref()
-                        .map(|f| format!(" (it fails: {f})"))
-                        .unwrap_or_default()
-                )
+            |q| Behind::Backlog {
+                bytes: q.bytes as u64,
             },
         )
     }
@@ -152,15 +145,9 @@ impl Applier {
             q,
             BARRIER_WAIT,
             |q| q.applied >= target,
-            |q| {
-                format!(
-                    "commits up to {target} are journaled but not yet in the store file (applied: {}){}",
-                    q.applied,
-                    q.failing
-                        .as_deref()
-                        .map(|f| format!("; it fails: {f}"))
-                        .unwrap_or_default()
-                )
+            |q| Behind::Barrier {
+                target,
+                applied: q.applied,
             },
         )
     }
@@ -172,13 +159,16 @@ impl Applier {
         mut q: MutexGuard<'_, Queue>,
         wait: Duration,
         done: impl Fn(&Queue) -> bool,
-        gave_up: impl FnOnce(&Queue) -> String,
+        gave_up: impl FnOnce(&Queue) -> Behind,
     ) -> Result<(), StoreError> {
         let deadline = Instant::now() + wait;
         while !done(&q) {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(StoreError::Applying(gave_up(&q)));
+                return Err(StoreError::Applying {
+                    behind: gave_up(&q),
+                    failing: q.failing.clone(),
+                });
             }
             q.urgent = true;
             self.shared.work.notify_one();

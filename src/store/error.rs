@@ -13,8 +13,8 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum StoreError {
     /// The blocking task that ran a store call failed (panicked or was cancelled at shutdown).
-    #[error("a store call did not finish: {0}")]
-    Worker(String),
+    #[error("a store call did not finish")]
+    Worker(#[source] tokio::task::JoinError),
     /// The data directory could not be created or is not a directory.
     #[error("data dir {dir}: cannot create or use it: {source}")]
     DataDir {
@@ -85,8 +85,14 @@ pub enum StoreError {
     },
     /// Journaled commits could not be written to the live file in time (a reader, or a commit
     /// waiting for room in the backlog, gave up).
-    #[error("the store is behind: {0}")]
-    Applying(String),
+    #[error("the store is behind: {behind}{}", failing.as_deref().map(|f| format!("; writing to it fails: {f}")).unwrap_or_default())]
+    Applying {
+        /// How far behind it is.
+        behind: Behind,
+        /// Why the last write of the backlog failed, while it keeps failing (redb's error, as
+        /// the applier thread last saw it).
+        failing: Option<String>,
+    },
     /// redb failed (I/O errors such as a full disk or a read-only file land here).
     #[error("store {path}: {op} failed: {source}")]
     Db {
@@ -177,5 +183,39 @@ pub(crate) fn guarded_open<T>(
             path: path.to_path_buf(),
             detail: format!("redb panicked while opening it: {}", panic_text(&*p)),
         }),
+    }
+}
+
+/// How far the store file is behind its journal, when a commit or a reader gave up waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Behind {
+    /// A commit found no room in the backlog of journaled commits not yet in the store file.
+    Backlog {
+        /// Bytes of commits waiting.
+        bytes: u64,
+    },
+    /// A reader needed commits up to `target` in the store file.
+    Barrier {
+        /// The commit the reader needed.
+        target: u64,
+        /// The last commit in the store file.
+        applied: u64,
+    },
+}
+
+impl std::fmt::Display for Behind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Behind::Backlog { bytes } => {
+                write!(
+                    f,
+                    "{bytes} bytes of commits wait to be written to the store file"
+                )
+            }
+            Behind::Barrier { target, applied } => write!(
+                f,
+                "commits up to {target} are journaled but not yet in the store file (applied: {applied})"
+            ),
+        }
     }
 }

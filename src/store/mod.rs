@@ -66,7 +66,7 @@ pub use check::{CheckReport, check};
 pub use checkpoint::{
     Checkpoint, CheckpointMeta, CheckpointStore, CheckpointWriter, RawDevice, ShardPoint,
 };
-pub use error::StoreError;
+pub use error::{Behind, StoreError};
 pub(crate) use error::{db_err, guarded_open};
 pub use geodwell_core::codec::DecodeError;
 pub use live::Flush;
