@@ -1,7 +1,7 @@
-//! The seams of durability, owned by the service: what the publisher, the checkpoint writer and
-//! the warm start need of a store, as traits, so that a second backend (NATS JetStream streams
-//! and its object store, for a cluster) slots in beside the embedded redb one (`crate::store`)
-//! without touching them.
+//! What the publisher, the checkpoint writer and the warm start of one process need of its
+//! embedded store (`crate::store`), as traits. They sit below the one-process side of the
+//! partition runtime's seams (`crate::runtime`); a cluster node keeps its log and checkpoints
+//! in NATS JetStream through its own backend, not through these.
 //!
 //! - [`InputLog`]: the ordered input and the events, appended in commits that are durable when
 //!   they return; read back after a position.

@@ -22,8 +22,8 @@
 //!   if anyone took it meanwhile), or [`Lease::mark_lost`] stands down.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
@@ -415,4 +415,11 @@ pub async fn read_stream(
     }
     let _ = stream.delete_consumer(&consumer.cached_info().name).await;
     Ok(out)
+}
+
+/// A partition task's ownership on a cluster node is its lease: gone once the lease is lost.
+impl crate::runtime::Ownership for Arc<Lease> {
+    async fn gone(&self) {
+        Lease::lost(self).cancelled().await;
+    }
 }

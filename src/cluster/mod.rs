@@ -8,7 +8,8 @@
 //! - [`lease`]: leases in a key/value bucket; [`assign`]: who should own what (pure);
 //! - [`partition`]: the runtime's backend for a partition this node holds; [`shared`]: what
 //!   every partition task shares; [`outbox`]: its events into the events stream, once each;
-//!   [`checkpoint`]: its checkpoints (written, and restored from);
+//!   [`checkpoint`]: its checkpoints' format, writing and restoring; `freeze`: its checkpoint
+//!   storage (the runtime's seam);
 //! - [`ingest`]: fixes into the partitions' input; [`query`]: device queries to the owners;
 //! - [`feed`]: the events stream into this node's event log;
 //! - [`node`]: membership rounds, ownership, and the [`crate::shard::Partitions`] the service's
@@ -26,6 +27,7 @@ pub mod checkpoint;
 pub mod elections;
 pub mod feed;
 pub mod fences;
+mod freeze;
 pub mod ingest;
 pub mod lease;
 pub mod nats;

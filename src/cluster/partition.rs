@@ -1,7 +1,8 @@
 //! The cluster backend of a partition ([`crate::runtime::Backend`]), run by this node while it
 //! holds the partition's lease: its log is the partition's subject of the input stream, read by
-//! an ordered consumer; its event sink is the [`Outbox`]; its checkpoints are objects with a
-//! pointer (`checkpoint.rs`); its ownership is the lease.
+//! an ordered consumer; its event sink is the [`Outbox`]; its checkpoint storage is objects with
+//! a pointer ([`super::freeze::ObjectCheckpoints`], format in `checkpoint.rs`); its ownership is
+//! the lease.
 //!
 //! A takeover, in order:
 //! 1. **restore**: read the checkpoint pointer, rebuild the driver from the checkpoint object
@@ -34,9 +35,9 @@
 //! only while its lease is valid; the task ends when the lease is lost; every query taken is
 //! answered.
 //!
-//! Why this file is long: it is one backend, whose takeover phases, checkpoint freezes and
-//! `Backend` methods all work on the same private state (the consumer, the outbox, the lease,
-//! the freeze in progress); split, that state would have to be opened to other files.
+//! Why this file is long: it is one backend, whose takeover phases and `Backend` methods all
+//! work on the same private state (the input consumer and its re-creation, the outbox, the
+//! lease, the replay's progress); split, that state would have to be opened to other files.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -49,7 +50,8 @@ use futures_util::StreamExt;
 use metrics::{counter, gauge, histogram};
 use tokio::sync::mpsc;
 
-use super::checkpoint::{self, Encoder, Pointer};
+use super::checkpoint;
+use super::freeze::ObjectCheckpoints;
 use super::ingest::REPLY_HEADER;
 use super::lease::Lease;
 use super::nats::{NatsError, in_subject, outcome_subject, query_subject};
@@ -60,8 +62,7 @@ use super::shared::Shared;
 use super::status::{Phase, TakeoverTimes};
 use crate::runtime::{AppliedStep, Backend, PartitionCtx, Query, Stop, Work};
 use crate::telemetry as t;
-use geodwell_core::engine::DeviceState;
-use geodwell_core::partition::{Applied, Driver, FenceSource, Frozen, Input, record};
+use geodwell_core::partition::{Applied, Driver, FenceSource, Input, record};
 use geodwell_core::time::Ts;
 
 /// What a partition task is asked.
@@ -110,15 +111,6 @@ pub enum PartitionError {
 const FENCE_WAIT: Duration = Duration::from_secs(60);
 /// A tick written (or failed to be written) and not seen back for this long is written again.
 const TICK_RETRY: Duration = Duration::from_secs(2);
-
-/// A checkpoint being frozen into an object.
-struct Freeze {
-    enc: Encoder,
-    produced: u64,
-    at: Frozen,
-    ev_mark: u64,
-    started: Instant,
-}
 
 /// Who waits for a record of the partition's input: the node that ingested it, named in its
 /// reply header; and the records still behind it when it was read.
@@ -170,6 +162,8 @@ async fn start(
     let suppress_ms = t1.elapsed().as_millis() as u64;
     let suppressed = suppress.len();
     let (outbox, outbox_task) = Outbox::spawn(sh.nats.clone(), p, lease.clone(), last, suppress);
+    let checkpoint_at_ms = pointer.as_ref().map_or(0, |c| c.at_ms);
+    let ck = ObjectCheckpoints::new(sh.clone(), p, lease.clone(), outbox.clone(), pointer);
     let queries = sh
         .nats
         .client
@@ -194,7 +188,7 @@ async fn start(
         };
         s.input_position = applied;
         s.checkpoint_position = applied;
-        s.checkpoint_at_ms = pointer.as_ref().map_or(0, |c| c.at_ms);
+        s.checkpoint_at_ms = checkpoint_at_ms;
         if caught_up {
             s.takeover = Some(times);
         }
@@ -234,10 +228,8 @@ async fn start(
         replay_started: Instant::now(),
         marker: fence_pos,
         tick_outstanding: None,
-        pointer,
-        writing: None,
+        ck,
         ck_timer,
-        freeze: None,
         fence_behind_since: None,
         failed: None,
     };
@@ -360,12 +352,9 @@ struct Partition {
     marker: u64,
     /// A tick was written and not seen back yet (when).
     tick_outstanding: Option<Instant>,
-    /// The newest checkpoint (pointer) this task knows.
-    pointer: Option<Pointer>,
-    /// A checkpoint being written in the background.
-    writing: Option<tokio::task::JoinHandle<Option<Pointer>>>,
+    /// Where its checkpoints go.
+    ck: ObjectCheckpoints,
     ck_timer: tokio::time::Interval,
-    freeze: Option<Freeze>,
     /// Since when the node's fence log is ahead of the markers in this partition's input.
     fence_behind_since: Option<Instant>,
     /// Why the partition stops, when it failed.
@@ -474,9 +463,7 @@ impl Partition {
 
     /// Whether a checkpoint is due now.
     fn checkpoint_due(&self, driver: &Driver) -> bool {
-        self.caught_up
-            && self.lease.valid()
-            && driver.applied() > self.pointer.as_ref().map_or(0, |c| c.input_seq)
+        self.caught_up && self.lease.valid() && self.ck.behind(driver)
     }
 
     /// Notes a record applied: replay progress, the lag, the board.
@@ -525,13 +512,8 @@ impl Partition {
 
     /// Takes a finished checkpoint write's pointer.
     async fn checkpoint_written(&mut self) {
-        if let Some(w) = self.writing.as_ref()
-            && w.is_finished()
-            && let Some(w) = self.writing.take()
-            && let Ok(Some(ptr)) = w.await
-        {
+        if let Some(ptr) = self.ck.written().await {
             let (pos, at) = (ptr.input_seq, ptr.at_ms);
-            self.pointer = Some(ptr);
             self.sh.board.update(self.p, self.lease.epoch(), |s| {
                 s.checkpoint_position = pos;
                 s.checkpoint_at_ms = at;
@@ -561,56 +543,11 @@ impl Partition {
         self.sh
             .board
             .update(self.p, self.lease.epoch(), |s| s.phase = Phase::Stopping);
-        if let Some(w) = self.writing.take() {
-            let _ = tokio::time::timeout(Duration::from_secs(10), w).await;
-        }
+        self.ck.settle().await;
         if !self.flush(driver).await {
             return false;
         }
-        if driver.applied() <= self.pointer.as_ref().map_or(0, |c| c.input_seq) {
-            return true;
-        }
-        // A half-handed-out checkpoint is finished by the new freeze (the engine merges them).
-        let at = driver.freeze(true);
-        self.frozen(at);
-        loop {
-            let mut devices = Vec::with_capacity(crate::runtime::CHECKPOINT_CHUNK);
-            let done = driver.checkpoint_chunk(crate::runtime::CHECKPOINT_CHUNK, &mut devices);
-            if let Some(f) = self.freeze.as_mut() {
-                f.enc.devices(&devices);
-            }
-            if done {
-                break;
-            }
-        }
-        let Some(f) = self.freeze.take() else {
-            return false;
-        };
-        let w = self.write_checkpoint(f);
-        matches!(
-            tokio::time::timeout(Duration::from_secs(20), w).await,
-            Ok(Some(_))
-        )
-    }
-
-    /// Writes a frozen checkpoint ([`checkpoint::write`]).
-    fn write_checkpoint(&self, f: Freeze) -> impl Future<Output = Option<Pointer>> + use<> {
-        let w = checkpoint::Write {
-            enc: f.enc,
-            produced: f.produced,
-            input_seq: f.at.position,
-            fence_pos: f.at.fence_pos,
-            ev_mark: f.ev_mark,
-            started: f.started,
-        };
-        checkpoint::write(
-            self.sh.clone(),
-            self.p,
-            self.lease.clone(),
-            self.outbox.clone(),
-            w,
-            self.pointer.clone(),
-        )
+        self.ck.write_final(driver).await
     }
 }
 
@@ -637,16 +574,17 @@ async fn write_record(sh: Arc<Shared>, lease: Arc<Lease>, p: u16, input: &Input)
 impl Backend for Partition {
     type Ticket = Ticket;
     type Ended = Ended;
+    type Checkpoints = ObjectCheckpoints;
+    type Owner = Arc<Lease>;
 
     async fn next(&mut self, driver: &Driver) -> Work<Ticket> {
         loop {
-            let can_checkpoint = self.freeze.is_none() && self.writing.is_none();
+            let can_checkpoint = self.ck.idle();
             let resubscribing_on = self.resubscribing.is_some();
             let retry_tick = self.tick_outstanding.map(|t| t + TICK_RETRY);
             let resubscribing = &mut self.resubscribing;
             let got = tokio::select! {
                 biased;
-                _ = self.lease.lost().cancelled() => Got::Work(Work::Stop(Stop::Lost)),
                 c = self.control.recv() => Got::Work(match c {
                     Some(Control::Query(q)) => Work::Query(q),
                     Some(Control::Stop) | None => Work::Stop(Stop::Asked),
@@ -672,7 +610,7 @@ impl Backend for Partition {
                 },
                 // The frozen devices go into the object a chunk at a time between records (the
                 // task yields after each chunk).
-                () = std::future::ready(()), if self.freeze.is_some() => Got::Work(Work::CheckpointRoom),
+                () = std::future::ready(()), if self.ck.freezing() => Got::Work(Work::CheckpointRoom),
             };
             match got {
                 Got::Work(w) => return w,
@@ -785,30 +723,18 @@ impl Backend for Partition {
         }
     }
 
-    fn frozen(&mut self, at: Frozen) {
-        let acked = self.outbox.acked();
-        self.freeze = Some(Freeze {
-            enc: Encoder::new(self.p, &at, acked.last, self.sh.checkpoint_version()),
-            produced: self.outbox.produced(),
-            at,
-            ev_mark: acked.last,
-            started: Instant::now(),
-        });
+    fn checkpoints(&mut self) -> &mut ObjectCheckpoints {
+        &mut self.ck
     }
 
-    fn chunk(&mut self, _at: Frozen, devices: Vec<DeviceState>, done: bool) {
-        if let Some(f) = self.freeze.as_mut() {
-            f.enc.devices(&devices);
-        }
-        if done && let Some(f) = self.freeze.take() {
-            self.writing = Some(tokio::spawn(self.write_checkpoint(f)));
-        }
+    fn owner(&self) -> Arc<Lease> {
+        self.lease.clone()
     }
 
     async fn housekeeping(&mut self, _driver: &Driver) {
         self.checkpoint_written().await;
         self.fence_catch_up().await;
-        if let Some(ptr) = self.pointer.as_ref() {
+        if let Some(ptr) = self.ck.pointer() {
             gauge!(t::CLUSTER_CHECKPOINT_AGE_SECONDS, "partition" => self.label.clone())
                 .set((self.sh.watermark.wall().now().0 - ptr.at_ms).max(0) as f64 / 1000.0);
         }
@@ -827,9 +753,10 @@ impl Backend for Partition {
         let Partition {
             outbox,
             outbox_task,
-            writing,
+            ck,
             ..
         } = self;
+        let writing = ck.finish();
         drop(outbox);
         let _ = tokio::time::timeout(Duration::from_secs(10), outbox_task).await;
         if let Some(w) = writing {

@@ -12,8 +12,8 @@
 //! | ticks and records the partition makes (idle removals) | applied at once; the next record carries the watermark reached | written to the input stream, applied when they come back |
 //! | who waits for a record's outcome | the request, answered once the step is durable | the ingesting node, sent the outcomes on NATS |
 //! | where events go (the event sink) | the publisher: `seq` stamped, group commit, then the event log | the outbox: the events stream, whose sequence is the public `seq` |
-//! | checkpoints | the checkpoint writer (`checkpoint.redb`), every partition in one round | one object per partition, and its pointer |
-//! | ownership | always owned | a lease; the task ends when it is lost |
+//! | checkpoints ([`CheckpointStorage`]) | the checkpoint writer (`checkpoint.redb`), every partition in one round | one object per partition, and its pointer |
+//! | ownership ([`Ownership`]) | always owned ([`Always`]) | a lease; the task ends when it is lost |
 //!
 //! Invariants of the task: records are applied in the order the backend delivers them (log
 //! order); after every piece of work the engine is brought up to the clock's watermark through
@@ -86,6 +86,10 @@ pub trait Backend: Send {
     type Ticket: Send;
     /// How the task ended, as the backend reports it.
     type Ended: Send;
+    /// Where the partition's checkpoints go.
+    type Checkpoints: CheckpointStorage;
+    /// Whether this node still owns the partition.
+    type Owner: Ownership;
 
     /// The next piece of work (records in log order; queries; checkpoint room; the end).
     fn next(&mut self, driver: &Driver) -> impl Future<Output = Work<Self::Ticket>> + Send;
@@ -113,11 +117,11 @@ pub trait Backend: Send {
     /// [`Backend::next`] in its turn.
     fn append(&mut self, driver: &Driver, input: Input) -> impl Future<Output = ()> + Send;
 
-    /// A freeze began.
-    fn frozen(&mut self, frozen: Frozen);
+    /// The partition's checkpoint storage.
+    fn checkpoints(&mut self) -> &mut Self::Checkpoints;
 
-    /// A chunk of the running freeze's devices (`done`: the last).
-    fn chunk(&mut self, frozen: Frozen, devices: Vec<DeviceState>, done: bool);
+    /// The partition's ownership (a handle, watched beside [`Backend::next`]).
+    fn owner(&self) -> Self::Owner;
 
     /// Every few hundred milliseconds: the backend's upkeep (gauges, a finished checkpoint's
     /// pointer, fence markers to write).
@@ -125,6 +129,38 @@ pub trait Backend: Send {
 
     /// The task ends: what the backend does last (a final checkpoint) and how it reports it.
     fn finish(self, driver: Driver, stop: Stop) -> impl Future<Output = Self::Ended> + Send;
+}
+
+/// Where a partition's checkpoints go. The driver decides what a checkpoint holds (a freeze of
+/// every device, or of those changed since the last) and cuts it into chunks, one at a time
+/// between other work, when the backend's [`Backend::next`] says the storage has room
+/// ([`Work::CheckpointRoom`]); the storage only keeps them: one checkpoint path, two places
+/// to keep it (`checkpoint.redb` through the checkpoint writer in one process, an object and
+/// its pointer in a cluster).
+pub trait CheckpointStorage: Send {
+    /// A freeze began at `at`.
+    fn frozen(&mut self, at: Frozen);
+
+    /// A chunk of the running freeze's devices (`done`: the last).
+    fn chunk(&mut self, at: Frozen, devices: Vec<DeviceState>, done: bool);
+}
+
+/// Whether this node owns the partition: in one process always ([`Always`]), on a cluster node
+/// while its lease holds. The task stops at once ([`Stop::Lost`]) when it is gone, whatever
+/// the backend was waiting for.
+pub trait Ownership: Send + Sync + Clone + 'static {
+    /// Resolves once the partition is no longer this node's (never, for [`Always`]).
+    fn gone(&self) -> impl Future<Output = ()> + Send;
+}
+
+/// The ownership of a partition in one process: always owned.
+#[derive(Debug, Clone, Copy)]
+pub struct Always;
+
+impl Ownership for Always {
+    async fn gone(&self) {
+        std::future::pending::<()>().await;
+    }
 }
 
 /// One record as the driver applied it, for [`Backend::applied`].

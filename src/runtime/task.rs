@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use metrics::gauge;
 use tokio::sync::watch;
 
-use super::{AppliedStep, Backend, Stop, Work};
+use super::{AppliedStep, Backend, CheckpointStorage, Ownership, Stop, Work};
 use crate::clock::{ClockMode, Watermark};
 use crate::telemetry as t;
 use geodwell_core::engine::IdleRule;
@@ -149,8 +149,10 @@ async fn next<B: Backend>(
 ) -> Work<B::Ticket> {
     let carried = driver.carried() > 0;
     let event = clock.mode() == ClockMode::Event;
+    let owner = backend.owner();
     tokio::select! {
         biased;
+        () = owner.gone() => Work::Stop(Stop::Lost),
         w = backend.next(driver) => w,
         changed = clock.event_w.changed(), if event && !carried => match changed {
             Ok(()) => Work::Wake,
@@ -197,14 +199,14 @@ async fn act<B: Backend>(
         }
         Work::Checkpoint { full } => {
             let f = driver.freeze(full);
-            backend.frozen(f);
+            backend.checkpoints().frozen(f);
             None
         }
         Work::CheckpointRoom => {
             if let Some(f) = driver.frozen().cloned() {
                 let mut devices = Vec::with_capacity(CHECKPOINT_CHUNK);
                 let done = driver.checkpoint_chunk(CHECKPOINT_CHUNK, &mut devices);
-                backend.chunk(f, devices, done);
+                backend.checkpoints().chunk(f, devices, done);
                 // Let the tasks sharing this worker thread run between chunks: storage with room
                 // takes chunk after chunk, and tokio's budget covers a whole freeze.
                 tokio::task::yield_now().await;

@@ -1,7 +1,7 @@
 //! The single-process backend of a partition ([`crate::runtime::Backend`]): its log is the
 //! shard's queue, numbered by the shard, and committed with each step's events by the
-//! publisher; its event sink is the publisher; its checkpoint storage is the checkpoint writer;
-//! it always owns the partition.
+//! publisher; its event sink is the publisher; its checkpoint storage is the checkpoint writer
+//! (`checkpoints.rs`); it always owns the partition.
 //!
 //! Invariants: every record the driver applies is one publisher step carrying its encoded
 //! record (with the watermark the engine had just before it, since the advances between records
@@ -18,17 +18,18 @@ use metrics::counter;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use super::checkpoints::WriterCheckpoints;
 use super::{LocalShards, ShardMsg};
 use crate::checkpoint::CkMsg;
 use crate::clock::{ClockMode, Watermark};
 use crate::events::health::StoreState;
 use crate::events::publisher::{FixOutcome, InputRecord, PublishError, Publisher, Step, StepReply};
-use crate::runtime::{AppliedStep, Backend, PartitionCtx, Stop, Work};
+use crate::runtime::{Always, AppliedStep, Backend, PartitionCtx, Stop, Work};
 use crate::telemetry as t;
-use geodwell_core::engine::{DeviceState, IdleRule};
+use geodwell_core::engine::IdleRule;
 use geodwell_core::event::Event;
 use geodwell_core::partition::{
-    Applied, ChangeLog, Driver, FenceSource, FenceUpdate, Frozen, Input, Removal, record,
+    Applied, ChangeLog, Driver, FenceSource, FenceUpdate, Input, Removal, record,
 };
 use geodwell_core::time::Ts;
 
@@ -102,8 +103,7 @@ pub fn spawn(
             fences: ChangeLog::default(),
             pending: Vec::new(),
             rebuilt: false,
-            round: 0,
-            permit: None,
+            ck: WriterCheckpoints::new(id, ctx.checkpoints.clone()),
             stopping: false,
         };
         let driver = backend.start(start);
@@ -170,10 +170,8 @@ struct Local {
     rebuilt: bool,
     /// Sees the store take commits again (marked partitions rebuild then).
     recovered: tokio::sync::watch::Receiver<u64>,
-    /// The checkpoint round of the running freeze.
-    round: u64,
-    /// Room in the checkpoint writer's queue for the next chunk.
-    permit: Option<mpsc::OwnedPermit<CkMsg>>,
+    /// Where its checkpoints go.
+    ck: WriterCheckpoints,
     /// Shutdown began: the queue is closed and drained.
     stopping: bool,
 }
@@ -201,12 +199,7 @@ impl Local {
     /// is given up, the replay's unpublished events and the durable fence changes come first,
     /// and the next step tells the publisher to take this partition's steps again.
     async fn rebuild(&mut self, driver: &Driver) -> Work<Ticket> {
-        if driver.frozen().is_some()
-            && let Some(tx) = &self.ctx.checkpoints
-        {
-            let _ = tx.send(CkMsg::Abort { round: self.round }).await;
-        }
-        self.permit = None;
+        self.ck.abort(driver).await;
         let rebuild = self.ctx.rebuild.clone();
         let id = self.id;
         match tokio::task::spawn_blocking(move || rebuild(id)).await {
@@ -292,8 +285,8 @@ impl Local {
             ShardMsg::Advance { to, max_seen, ack } => {
                 record(Input::Tick(to), 0, Ticket::Advance { max_seen, ack })
             }
-            ShardMsg::Checkpoint { round, full } if self.ctx.checkpoints.is_some() => {
-                self.round = round;
+            ShardMsg::Checkpoint { round, full } if self.ck.enabled() => {
+                self.ck.begin(round);
                 Work::Checkpoint { full }
             }
             ShardMsg::Checkpoint { .. } => Work::Wake,
@@ -412,37 +405,6 @@ impl Local {
             ClockMode::Event => batch.unwrap_or_else(|| wm.moved_at()),
         }
     }
-
-    /// Hands out what is left of a freeze asked for at shutdown, whole: no input comes any more.
-    async fn finish_checkpoint(&mut self, driver: &mut Driver) {
-        let (Some(f), Some(tx)) = (driver.frozen().cloned(), self.ctx.checkpoints.clone()) else {
-            return;
-        };
-        loop {
-            let mut devices = Vec::with_capacity(crate::runtime::CHECKPOINT_CHUNK);
-            let done = driver.checkpoint_chunk(crate::runtime::CHECKPOINT_CHUNK, &mut devices);
-            if tx
-                .send(self.chunk_msg(f.clone(), devices, done))
-                .await
-                .is_err()
-                || done
-            {
-                return;
-            }
-        }
-    }
-
-    fn chunk_msg(&self, f: Frozen, devices: Vec<DeviceState>, done: bool) -> CkMsg {
-        CkMsg::Devices {
-            shard: self.id,
-            round: self.round,
-            seq: f.position,
-            watermark: f.watermark,
-            recent: f.recent,
-            devices,
-            done,
-        }
-    }
 }
 
 /// The largest fix time of a fixes record (the persisted event-mode watermark's source).
@@ -456,6 +418,8 @@ fn fixes_max_ts(input: &Input) -> Option<Ts> {
 impl Backend for Local {
     type Ticket = Ticket;
     type Ended = ();
+    type Checkpoints = WriterCheckpoints;
+    type Owner = Always;
 
     async fn next(&mut self, driver: &Driver) -> Work<Ticket> {
         if self.must_rebuild() {
@@ -475,11 +439,7 @@ impl Backend for Local {
                 None => Work::Stop(Stop::Asked),
             };
         }
-        let ck = self
-            .ctx
-            .checkpoints
-            .clone()
-            .filter(|_| driver.frozen().is_some() && self.permit.is_none());
+        let ck = self.ck.wants_room(driver);
         tokio::select! {
             biased;
             _ = self.ctx.shutdown.cancelled() => {
@@ -492,7 +452,7 @@ impl Backend for Local {
                 None => Work::Stop(Stop::Asked),
             },
             permit = async { ck?.reserve_owned().await.ok() }, if ck.is_some() => {
-                self.permit = permit;
+                self.ck.room(permit);
                 Work::CheckpointRoom
             }
             // The store takes commits again: a marked partition rebuilds on its next turn.
@@ -535,19 +495,18 @@ impl Backend for Local {
         self.made.push_back(input);
     }
 
-    fn frozen(&mut self, _frozen: Frozen) {}
+    fn checkpoints(&mut self) -> &mut WriterCheckpoints {
+        &mut self.ck
+    }
 
-    fn chunk(&mut self, frozen: Frozen, devices: Vec<DeviceState>, done: bool) {
-        let msg = self.chunk_msg(frozen, devices, done);
-        if let Some(permit) = self.permit.take() {
-            permit.send(msg);
-        }
+    fn owner(&self) -> Always {
+        Always
     }
 
     async fn housekeeping(&mut self, _driver: &Driver) {}
 
     async fn finish(mut self, mut driver: Driver, _stop: Stop) {
         let _ = self.flush(&mut driver).await;
-        self.finish_checkpoint(&mut driver).await;
+        self.ck.finish(&mut driver).await;
     }
 }

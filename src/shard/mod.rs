@@ -16,6 +16,7 @@
 //! - Fence changes are sent to every local partition in the order they are made (the caller
 //!   serializes them, see `crate::fences`), so all partitions hold the same fences.
 
+mod checkpoints;
 mod cursor;
 mod local;
 
