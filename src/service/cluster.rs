@@ -10,12 +10,11 @@ use tokio::time::Instant;
 
 use super::error::ServiceError;
 use super::started::{Base, Running, Started};
-use crate::boot::fence_limits;
 use crate::clock::Watermark;
 use crate::cluster::status::ClusterOut;
 use crate::cluster::{ClusterNode, Start};
 use crate::config::Config;
-use crate::fences::{FenceMap, FenceRegistry};
+use crate::fences::FenceMap;
 use crate::shard::BoxFuture;
 use crate::state::{AppState, ClusterStatusError, Deployment};
 use crate::webhooks::Webhooks;
@@ -54,20 +53,13 @@ pub(super) async fn start(
         &cfg.webhooks,
         node.sinks(),
         node.log(),
-        crate::outbound::TargetPolicy {
-            allow_private: cfg.allow_private_targets,
-        },
+        base.targets,
         &base.trigger,
     );
-    let registry = Arc::new(FenceRegistry::new(
-        map,
-        fence_limits(cfg),
-        cfg.max_fences,
-        node.fences(),
-    ));
     Ok(Started {
         shards: node.shards(),
-        fences: registry,
+        fence_map: map,
+        fence_writer: node.fences(),
         log: node.log(),
         webhooks,
         watermark,

@@ -1,11 +1,11 @@
 //! One process on its embedded store: the warm start, then the publisher, the checkpoint writer,
-//! the shards and the fence registry, started in that order; and their stop, in order, within
-//! the shutdown deadline.
+//! the shards and the fence log, started in that order; and their stop, in order, within the
+//! shutdown deadline.
 //!
 //! Start order: warm start ([`crate::boot::boot`]) -> webhook sinks (their cursors hold back
 //! the store's event trimming before the first commit) -> the publisher -> the checkpoint
-//! writer -> the shards -> the fence registry (a fence change some shard had not applied when
-//! the process stopped is applied there now).
+//! writer -> the shards -> the fence log (a fence change some shard had not applied when the
+//! process stopped is applied there now); the service builds the fence registry over it.
 //!
 //! Stop order (after HTTP, WebSockets and webhooks): the final checkpoint round is queued behind
 //! what every shard still has to do -> the shards drain their queues -> the publisher makes its
@@ -23,13 +23,13 @@ use tokio_util::sync::CancellationToken;
 
 use super::error::ServiceError;
 use super::started::{Base, Running, Started, millis};
-use crate::boot::{Booted, boot, fence_limits};
+use crate::boot::{Booted, boot};
 use crate::checkpoint::{Checkpointer, Status};
 use crate::clock::Watermark;
 use crate::cluster::status::ClusterOut;
 use crate::config::{Config, Durability};
 use crate::events::publisher::{self, CommitPolicy, PublisherCfg};
-use crate::fences::{FenceMap, FenceRegistry, LocalFences};
+use crate::fences::{FenceMap, LocalFences};
 use crate::shard::{self, BoxFuture, ShardCtx, Shards};
 use crate::state::{AppState, ClusterStatusError, Deployment};
 use crate::telemetry as t;
@@ -71,9 +71,7 @@ pub(super) async fn start(cfg: &Config, base: &Base) -> Result<Started<Local>, S
         &cfg.webhooks,
         store.clone(),
         log.clone(),
-        crate::outbound::TargetPolicy {
-            allow_private: cfg.allow_private_targets,
-        },
+        base.targets,
         trigger,
     )
     .map_err(ServiceError::Webhooks)?;
@@ -129,12 +127,6 @@ pub(super) async fn start(cfg: &Config, base: &Base) -> Result<Started<Local>, S
         next_fence_change,
         fences_since_checkpoint,
     ));
-    let registry = Arc::new(FenceRegistry::new(
-        map,
-        fence_limits(cfg),
-        cfg.max_fences,
-        fence_log.clone(),
-    ));
     // A fence change whose record was durable but that some shard had not logged as applied
     // when the process stopped is applied there now.
     for (k, from) in fence_catch_up.into_iter().enumerate() {
@@ -189,7 +181,8 @@ pub(super) async fn start(cfg: &Config, base: &Base) -> Result<Started<Local>, S
     };
     Ok(Started {
         shards,
-        fences: registry,
+        fence_map: map,
+        fence_writer: fence_log.clone(),
         log,
         webhooks,
         watermark,

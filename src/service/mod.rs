@@ -29,8 +29,10 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::boot::fence_limits;
 use crate::clock::WallClock;
 use crate::config::Config;
+use crate::fences::FenceRegistry;
 use crate::http::server::ServerLimits;
 use crate::ingest::Ingest;
 use crate::state::{AppState, Parts};
@@ -66,6 +68,9 @@ impl Service {
             metrics: telemetry::install(),
             wall: WallClock::start(),
             trigger: CancellationToken::new(),
+            targets: crate::outbound::TargetPolicy {
+                allow_private: cfg.allow_private_targets,
+            },
         };
         // The one place the deployment is chosen.
         match cfg.cluster {
@@ -290,13 +295,20 @@ fn launch<R: Running>(
     } = machine_limits(&cfg);
     let Started {
         shards,
-        fences,
+        fence_map,
+        fence_writer,
         log,
         webhooks,
         watermark,
         deployment,
         running,
     } = started;
+    let fences = Arc::new(FenceRegistry::new(
+        fence_map,
+        fence_limits(&cfg),
+        cfg.max_fences,
+        fence_writer,
+    ));
     let state = Arc::new(AppState::new(Parts {
         ingest: Ingest::new(limits, watermark.clone(), shards.clone()),
         shards,

@@ -12,7 +12,8 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::{WallClock, Watermark};
 use crate::config::Config;
 use crate::events::EventLog;
-use crate::fences::FenceRegistry;
+use crate::fences::{FenceMap, FenceWriter};
+use crate::outbound::TargetPolicy;
 use crate::shard::Shards;
 use crate::state::{AppState, Deployment};
 use crate::webhooks::Webhooks;
@@ -25,12 +26,17 @@ pub(super) struct Base {
     pub(super) wall: WallClock,
     /// Cancelled when shutdown begins.
     pub(super) trigger: CancellationToken,
+    /// Where webhook and broker sinks may connect (`server.allow_private_targets`).
+    pub(super) targets: TargetPolicy,
 }
 
 /// A started deployment's parts, the same for both.
 pub(super) struct Started<R> {
     pub(super) shards: Shards,
-    pub(super) fences: Arc<FenceRegistry>,
+    /// The fences' read copy the registry shares with the deployment.
+    pub(super) fence_map: Arc<FenceMap>,
+    /// Where fence changes are persisted and sent to the partitions.
+    pub(super) fence_writer: Arc<dyn FenceWriter>,
     pub(super) log: Arc<EventLog>,
     pub(super) webhooks: Arc<Webhooks>,
     pub(super) watermark: Arc<Watermark>,
