@@ -254,6 +254,8 @@ impl ClusterNode {
         for s in self.runtime.board().all() {
             reported.insert(s.partition, s);
         }
+        let ids: Vec<String> = nodes.keys().cloned().collect();
+        let assigned = assign::owners(self.nats.partitions, &ids);
         let mut owners = Vec::with_capacity(self.nats.partitions as usize);
         let mut unowned = 0;
         for p in 0..self.nats.partitions {
@@ -264,6 +266,7 @@ impl ClusterNode {
             owners.push(status::PartitionOut {
                 partition: p,
                 owner: holder.map(|h| h.node.clone()),
+                assigned: assigned.get(usize::from(p)).map(|n| n.to_string()),
                 epoch: holder.map(|h| h.epoch),
                 status: reported
                     .get(&p)

@@ -154,6 +154,10 @@ pub struct PartitionOut {
     pub partition: u16,
     /// Its owner (`None`: unowned, being taken over).
     pub owner: Option<String>,
+    /// The live node the assignment gives it to (`None`: no live node). It differs from
+    /// `owner` while the partition waits to be handed over (membership settles for a lease
+    /// lifetime first) or taken over.
+    pub assigned: Option<String>,
     /// The owner's lease epoch.
     pub epoch: Option<u64>,
     /// As the owner reports it (`None` before its first heartbeat after taking it).

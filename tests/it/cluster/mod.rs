@@ -171,14 +171,15 @@ impl Cluster {
         c
     }
 
-    /// Waits until every running node is ready and every partition has a live owner.
+    /// Waits until every running node is ready and every partition is live at its assigned owner.
     async fn wait_settled(&self, within: Duration) {
         self.wait_for(within, "the cluster did not settle", |c| {
-            let live = c["partition_owners"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .all(|p| p["status"]["phase"] == "live");
+            // Live, and with its assigned owner: a handover still to come answers the parts sent
+            // meanwhile `accepted`, unconfirmed. (The previous release does not report
+            // `assigned`.)
+            let live = c["partition_owners"].as_array().unwrap().iter().all(|p| {
+                p["status"]["phase"] == "live" && p.get("assigned").is_none_or(|a| *a == p["owner"])
+            });
             live && c["unowned"] == 0
         })
         .await;
