@@ -165,6 +165,8 @@ pub const CLUSTER_LEASES_LOST: &str = "geodwell_cluster_leases_lost_total";
 pub const CLUSTER_LEASES_RECLAIMED: &str = "geodwell_cluster_leases_reclaimed_total";
 /// Partition input consumers found stalled with input waiting (and re-created).
 pub const CLUSTER_INPUT_STALLS: &str = "geodwell_cluster_input_stalls_total";
+/// Partition input records read from the stream's leader while the consumer was re-created.
+pub const CLUSTER_INPUT_BRIDGED: &str = "geodwell_cluster_input_bridged_total";
 /// Partition tasks that failed.
 pub const CLUSTER_PARTITION_FAILURES: &str = "geodwell_cluster_partition_failures_total";
 /// Input records a partition has not applied yet.
@@ -345,6 +347,7 @@ pub fn install() -> PrometheusHandle {
                 CLUSTER_LEASES_LOST,
                 CLUSTER_LEASES_RECLAIMED,
                 CLUSTER_INPUT_STALLS,
+                CLUSTER_INPUT_BRIDGED,
                 CLUSTER_PARTITION_FAILURES,
                 CLUSTER_CHECKPOINTS,
                 CLUSTER_CHECKPOINT_FAILURES,
@@ -675,6 +678,10 @@ fn describe_cluster() {
     describe_counter!(
         CLUSTER_INPUT_STALLS,
         "Partition input consumers that delivered nothing for 5 s while input waited in the stream, and were re-created."
+    );
+    describe_counter!(
+        CLUSTER_INPUT_BRIDGED,
+        "Partition input records read from the input stream's leader one by one because re-creating the partition's input consumer took over 500 ms (JetStream's meta leader being elected)."
     );
     describe_counter!(
         CLUSTER_PARTITION_FAILURES,

@@ -8,7 +8,8 @@
 //!   up to 5 s (geodwell's own timeout), and logs `[start, end, ok]` (Unix seconds): a bare
 //!   publisher through the very leader election geodwell's ingest goes through; polls the
 //!   leaders of `GEODWELL_IN`, `GEODWELL_EVENTS` and the lease bucket's stream every 100 ms;
-//!   and reads every event the events stream stores from then on, with its store time.
+//!   and, once the time is up, reads every event the events stream stored from the start on,
+//!   with its store time (a consumer made at the start could have died with the killed server).
 //! - Prints one JSON object: `bare`, `leaders` (per stream `[t, leader or ""]`), `events` (per
 //!   partition, the store times).
 //!
@@ -97,46 +98,57 @@ async fn leaders(
     out
 }
 
-/// Every event stored after the stream's last sequence at the start, by partition.
+/// Every event stored after the stream's last sequence at the start, by partition, with the
+/// time the stream stored it. Read after `until` with a consumer made then: a consumer made at
+/// the start lives on one server, and the server killed may be that one.
 async fn events(js: jetstream::Context, until: Instant) -> BTreeMap<u16, Vec<f64>> {
     let mut out: BTreeMap<u16, Vec<f64>> = BTreeMap::new();
     let mut stream = js
         .get_stream("GEODWELL_EVENTS")
         .await
         .expect("events stream");
-    let last = stream
+    let first = stream
         .info()
         .await
         .expect("events stream info")
         .state
-        .last_sequence;
-    let consumer = stream
-        .create_consumer(consumer::pull::OrderedConfig {
-            deliver_policy: consumer::DeliverPolicy::ByStartSequence {
-                start_sequence: last + 1,
+        .last_sequence
+        + 1;
+    tokio::time::sleep_until(until.into()).await;
+    let mut msgs = loop {
+        let made = stream
+            .create_consumer(consumer::pull::OrderedConfig {
+                deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: first,
+                },
+                ..Default::default()
+            })
+            .await;
+        match made {
+            Ok(c) => match c.messages().await {
+                Ok(m) => break m,
+                Err(e) => eprintln!("events consumer: {e}; again"),
             },
-            ..Default::default()
-        })
-        .await
-        .expect("ordered consumer");
-    let mut msgs = consumer.messages().await.expect("messages");
-    // Reads until every event stored before `until` is read: 5 s without one after `until`.
-    let mut last = Instant::now();
+            Err(e) => eprintln!("events consumer: {e}; again"),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    // Reads until it has caught up with the stream (or 5 s without an event).
     loop {
-        let deadline = if Instant::now() > until { 5 } else { 60 };
-        match tokio::time::timeout(Duration::from_secs(deadline), msgs.next()).await {
+        match tokio::time::timeout(Duration::from_secs(5), msgs.next()).await {
             Ok(Some(Ok(m))) => {
-                last = Instant::now();
                 let p = m.subject.rsplit('.').next().and_then(|p| p.parse().ok());
-                if let (Some(p), Ok(info)) = (p, m.info()) {
+                let Ok(info) = m.info() else { continue };
+                if let Some(p) = p {
                     let t = info.published.unix_timestamp_nanos() as f64 / 1e9;
                     out.entry(p).or_default().push(t);
                 }
+                if info.pending == 0 {
+                    break;
+                }
             }
             Ok(Some(Err(_))) => {}
-            Ok(None) => break,
-            Err(_) if Instant::now() > until && last.elapsed() > Duration::from_secs(5) => break,
-            Err(_) => {}
+            Ok(None) | Err(_) => break,
         }
     }
     out

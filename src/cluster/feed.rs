@@ -20,6 +20,7 @@ use futures_util::StreamExt;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::hedge;
 use super::nats::{Nats, NatsError};
 use crate::events::compact::{CompactEvent, Interner};
 use crate::events::{EventLog, LoggedEvent};
@@ -96,6 +97,25 @@ enum Followed {
     Elected,
 }
 
+/// The events stream from sequence `from`, through an ordered consumer.
+async fn consumer(nats: &Nats, from: u64) -> Result<pull::Ordered, NatsError> {
+    let consumer = nats
+        .events
+        .create_consumer(pull::OrderedConfig {
+            filter_subject: "geodwell.ev.*".into(),
+            deliver_policy: DeliverPolicy::ByStartSequence {
+                start_sequence: from,
+            },
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| NatsError::request("events consumer", e))?;
+    consumer
+        .messages()
+        .await
+        .map_err(|e| NatsError::request("events consumer", e))
+}
+
 async fn follow_once(
     nats: &Nats,
     log: &EventLog,
@@ -104,21 +124,10 @@ async fn follow_once(
     stop: &CancellationToken,
     elected: &mut watch::Receiver<u64>,
 ) -> Result<Followed, NatsError> {
-    let consumer = nats
-        .events
-        .create_consumer(pull::OrderedConfig {
-            filter_subject: "geodwell.ev.*".into(),
-            deliver_policy: DeliverPolicy::ByStartSequence {
-                start_sequence: log.next_seq(),
-            },
-            ..Default::default()
-        })
+    let from = log.next_seq();
+    let mut messages = hedge::hedged(hedge::IN_FLIGHT, || consumer(nats, from))
         .await
-        .map_err(|e| NatsError::request("events consumer", e))?;
-    let mut messages = consumer
-        .messages()
-        .await
-        .map_err(|e| NatsError::request("events consumer", e))?;
+        .map_err(|e| NatsError::hedged("events consumer", e))?;
     let mut interner = Interner::default();
     let mut batch: Vec<LoggedEvent> = Vec::with_capacity(BATCH);
     loop {

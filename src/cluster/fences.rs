@@ -42,6 +42,7 @@ use tokio::io::AsyncReadExt;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::hedge;
 use super::nats::{FENCES_STREAM, FENCES_SUBJECT, Nats, NatsError, in_subject};
 use crate::fences::{
     FenceCheck, FenceMap, FenceWrite, FenceWriteError, FenceWriter, Stored, Written,
@@ -574,8 +575,8 @@ async fn follow(log: Arc<FenceLog>, stop: CancellationToken) {
     }
 }
 
-async fn follow_once(log: &FenceLog, stop: &CancellationToken) -> Result<(), NatsError> {
-    let from = log.applied() + 1;
+/// The fence stream from sequence `from`, through an ordered consumer.
+async fn consumer(log: &FenceLog, from: u64) -> Result<pull::Ordered, NatsError> {
     let consumer = log
         .nats
         .fences
@@ -588,10 +589,17 @@ async fn follow_once(log: &FenceLog, stop: &CancellationToken) -> Result<(), Nat
         })
         .await
         .map_err(|e| NatsError::request("fence stream consumer", e))?;
-    let mut messages = consumer
+    consumer
         .messages()
         .await
-        .map_err(|e| NatsError::request("fence stream consumer", e))?;
+        .map_err(|e| NatsError::request("fence stream consumer", e))
+}
+
+async fn follow_once(log: &FenceLog, stop: &CancellationToken) -> Result<(), NatsError> {
+    let from = log.applied() + 1;
+    let mut messages = hedge::hedged(hedge::IN_FLIGHT, || consumer(log, from))
+        .await
+        .map_err(|e| NatsError::hedged("fence stream consumer", e))?;
     let mut pointer_check = tokio::time::interval(Duration::from_secs(10));
     loop {
         let msg = tokio::select! {

@@ -28,6 +28,7 @@ pub mod elections;
 pub mod feed;
 pub mod fences;
 mod freeze;
+pub mod hedge;
 pub mod ingest;
 pub mod lease;
 pub mod nats;

@@ -21,6 +21,7 @@ use async_nats::jetstream::{self, kv, object_store, stream};
 use thiserror::Error;
 
 use super::elections::{self, Elections};
+use super::hedge::Hedged;
 use crate::config::ClusterConfig;
 
 /// The input stream.
@@ -119,6 +120,14 @@ impl NatsError {
         NatsError::Request {
             what: what.into(),
             source: e.into(),
+        }
+    }
+
+    /// A hedged request's failure: the last answer's error, or `what` unanswered.
+    pub fn hedged(what: &str, e: Hedged<NatsError>) -> NatsError {
+        match e {
+            Hedged::Failed(e) => e,
+            unanswered => NatsError::request(what, unanswered),
         }
     }
 }

@@ -42,6 +42,7 @@ use tokio_util::sync::CancellationToken;
 use super::assign::{owners, partition_key, rank};
 use super::checkpoint;
 use super::fences::FenceLog;
+use super::hedge;
 use super::ingest::ClusterIngest;
 use super::lease::{Lease, Leases, Renewed};
 use super::nats::{Nats, NatsError, query_subject};
@@ -716,6 +717,9 @@ async fn renew_held(rt: &Runtime) {
     }
 }
 
+/// Reads of the checkpoint pointer one reclaim may try (about 2 s of tries, 250 ms apart).
+const RECLAIM_READS: usize = 8;
+
 /// Partition `p`'s lease expired under its running task (the lease bucket could not be
 /// written for longer than `lease_ttl`, e.g. during its leader election). The task's state is
 /// still right unless another owner moved the partition on meanwhile; the only step of another
@@ -724,7 +728,14 @@ async fn renew_held(rt: &Runtime) {
 /// taken back when the checkpoint pointer's epoch is not newer than the lease's; events another
 /// owner published meanwhile are found by the outbox's expected-sequence check and suppressed.
 async fn reclaim(rt: &Runtime, p: u16, lease: &Lease) -> Renewed {
-    match checkpoint::read_pointer(&rt.shared.nats, p).await {
+    // Hedged: the pointer's bucket may be electing a leader too, and a read sent meanwhile
+    // would hold the reclaim (and the partition's events) for the request's whole timeout.
+    let read = hedge::hedged(RECLAIM_READS, || {
+        checkpoint::read_pointer(&rt.shared.nats, p)
+    })
+    .await
+    .map_err(|e| NatsError::hedged("read the checkpoint pointer", e));
+    match read {
         Ok(ptr)
             if ptr
                 .as_ref()

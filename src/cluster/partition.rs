@@ -26,7 +26,7 @@
 //!
 //! When the input stream elects a leader ([`super::elections`]), the input consumer is
 //! re-created from the record after the last one applied, beside the partition's work (the old
-//! consumer goes on until the new one is made; tries of at most 1 s, for about 30 s): an ordered
+//! consumer goes on until the new one is made; hedged tries, [`super::hedge`]): an ordered
 //! consumer lives on one server, and the one that died with its server would otherwise be
 //! noticed only after two missed heartbeats (its pull requests expire after 5 s, its heartbeat
 //! is half of that).
@@ -45,13 +45,15 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::consumer::{DeliverPolicy, pull};
 use async_nats::jetstream::message::PublishMessage;
-use async_nats::jetstream::stream::LastRawMessageErrorKind;
+use async_nats::jetstream::message::StreamMessage;
+use async_nats::jetstream::stream::{LastRawMessageErrorKind, RawMessageErrorKind};
 use futures_util::StreamExt;
 use metrics::{counter, gauge, histogram};
 use tokio::sync::mpsc;
 
 use super::checkpoint;
 use super::freeze::ObjectCheckpoints;
+use super::hedge;
 use super::ingest::REPLY_HEADER;
 use super::lease::Lease;
 use super::nats::{NatsError, in_subject, outcome_subject, query_subject};
@@ -217,6 +219,7 @@ async fn start(
         messages,
         elected,
         resubscribing: None,
+        bridge_at: None,
         heard: Instant::now(),
         waiting: None,
         stall_timer: tokio::time::interval(INPUT_STALL),
@@ -267,33 +270,24 @@ async fn input_consumer(sh: &Shared, p: u16, from: u64) -> Result<(Messages, boo
     Ok((messages, caught_up))
 }
 
-/// How long one try to re-create the input consumer after a leader election may take (the
-/// consumer is made through the JetStream meta leader, which may itself be being elected).
-const RESUBSCRIBE_TRY: Duration = Duration::from_secs(1);
+/// Tries of one round of [`resubscribe`] (5 s to 7 s when none succeeds).
+const RESUBSCRIBE_TRIES: usize = 20;
 
-/// Re-creates the input consumer from `from`, a try of at most [`RESUBSCRIBE_TRY`] every
-/// 250 ms until one succeeds (warning once after [`INPUT_STALL`] of failures): the old consumer
-/// may never recover on its own, so giving up could leave the partition without input for good.
-/// A newer election or a stall check replaces this future.
+/// Re-creates the input consumer from `from` through hedged tries ([`super::hedge`]) until one
+/// succeeds, warning once after a round without success: the old consumer may never recover on
+/// its own, so giving up could leave the partition without input for good. A newer election or
+/// a stall check replaces this future.
 async fn resubscribe(sh: Arc<Shared>, p: u16, from: u64) -> Messages {
-    let t0 = Instant::now();
     let mut warned = false;
     loop {
-        match tokio::time::timeout(RESUBSCRIBE_TRY, input_consumer(&sh, p, from)).await {
-            Ok(Ok((messages, _))) => return messages,
-            Ok(Err(e)) => {
-                tracing::debug!(partition = p, error = %e, "re-creating the input consumer")
+        match hedge::hedged(RESUBSCRIBE_TRIES, || input_consumer(&sh, p, from)).await {
+            Ok((messages, _)) => return messages,
+            Err(e) if !warned => {
+                warned = true;
+                tracing::warn!(partition = p, error = %e, "input consumer not re-created yet; still trying");
             }
-            Err(_) => tracing::debug!(partition = p, "re-creating the input consumer: timed out"),
+            Err(e) => tracing::debug!(partition = p, error = %e, "re-creating the input consumer"),
         }
-        if !warned && t0.elapsed() > INPUT_STALL {
-            warned = true;
-            tracing::warn!(
-                partition = p,
-                "input consumer not re-created yet; still trying"
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 
@@ -318,6 +312,43 @@ async fn last_input(sh: &Shared, p: u16) -> Option<u64> {
     }
 }
 
+/// How long a re-creation of the input consumer may take before the partition reads its input
+/// from the stream's leader directly (a re-creation takes milliseconds when JetStream's meta
+/// leader is there).
+const BRIDGE_AFTER: Duration = Duration::from_millis(500);
+
+/// How long the bridge waits after finding no input waiting (or no answer).
+const BRIDGE_IDLE: Duration = Duration::from_millis(100);
+
+/// Reads, at `at`, the record after stream sequence `next - 1` on partition `p`'s subject from
+/// the input stream's leader (`None`: nothing there yet, or no answer within 1 s).
+///
+/// Why: a consumer is made through JetStream's meta leader, and when the server lost was the
+/// meta leader too, no consumer can be made until the meta group elects another, which was seen
+/// to take 10 s, twice as long as the streams' own elections. A read by sequence needs only the
+/// stream's leader, so the partition's input (and its events) go on as soon as the stream has
+/// one. One request per record: slower than a consumer, so it only bridges until the consumer
+/// is back.
+async fn bridge(sh: &Shared, p: u16, next: u64, at: Option<Instant>) -> Option<StreamMessage> {
+    crate::runtime::sleep_until(at).await;
+    let get = sh
+        .nats
+        .input
+        .raw_message_builder()
+        .sequence(next)
+        .next_by_subject(in_subject(p))
+        .send();
+    match tokio::time::timeout(Duration::from_secs(1), get).await {
+        Ok(Ok(m)) => Some(m),
+        Ok(Err(e)) if e.kind() == RawMessageErrorKind::NoMessageFound => None,
+        Ok(Err(e)) => {
+            tracing::debug!(partition = p, error = %e, "reading the input from the stream's leader");
+            None
+        }
+        Err(_) => None,
+    }
+}
+
 /// A re-creation of the input consumer under way.
 type Resubscribing = std::pin::Pin<Box<dyn std::future::Future<Output = Messages> + Send>>;
 
@@ -335,6 +366,9 @@ struct Partition {
     /// The input consumer being re-created after an election or a stall, while the old one
     /// goes on.
     resubscribing: Option<Resubscribing>,
+    /// While the re-creation takes long, when the input is next read from the stream's leader
+    /// directly ([`bridge`]).
+    bridge_at: Option<Instant>,
     /// When the input consumer last delivered a message (or was created).
     heard: Instant,
     /// The newest input the last stall check found waiting beyond what was applied.
@@ -371,6 +405,9 @@ enum Got {
     StallCheck,
     /// A re-created input consumer.
     Resubscribed(Box<Messages>),
+    /// The next record read from the stream's leader while the consumer is re-created
+    /// (`None`: none waiting, or no answer).
+    Bridged(Option<Box<StreamMessage>>),
     Again,
 }
 
@@ -406,6 +443,7 @@ impl Partition {
     /// re-creation under way); the old consumer goes on meanwhile.
     fn resubscribe_from(&mut self, from: u64) {
         self.resubscribing = Some(Box::pin(resubscribe(self.sh.clone(), self.p, from)));
+        self.bridge_at = Some(Instant::now() + BRIDGE_AFTER);
     }
 
     /// Turns an input message into a record (waiting for this node's fence log to reach a
@@ -418,13 +456,23 @@ impl Partition {
             .info()
             .map_err(|e| NatsError::request("partition input", e))?;
         let (pos, pending) = (info.stream_sequence, info.pending);
-        let reply = m
-            .headers
-            .as_ref()
+        self.record_at(pos, pending, m.headers.as_ref(), &m.payload)
+            .await
+    }
+
+    /// Turns the record at stream sequence `pos` (with `pending` more after it) into work.
+    async fn record_at(
+        &mut self,
+        pos: u64,
+        pending: u64,
+        headers: Option<&async_nats::HeaderMap>,
+        payload: &[u8],
+    ) -> Result<Work<Ticket>, NatsError> {
+        let reply = headers
             .and_then(|h| h.get(REPLY_HEADER))
             .map(|v| v.as_str().to_string());
         let input =
-            record::decode(&m.payload, self.sh.max_device_len).map_err(|e| NatsError::Corrupt {
+            record::decode(payload, self.sh.max_device_len).map_err(|e| NatsError::Corrupt {
                 what: format!("input record {pos} of partition {}", self.p),
                 source: e.into(),
             })?;
@@ -581,6 +629,12 @@ impl Backend for Partition {
         loop {
             let can_checkpoint = self.ck.idle();
             let resubscribing_on = self.resubscribing.is_some();
+            // Only a live partition bridges: one still replaying waits for its consumer, which
+            // knows how much input is pending.
+            let bridge_at = self
+                .bridge_at
+                .filter(|_| resubscribing_on && self.caught_up);
+            let (sh, p, next) = (&self.sh, self.p, driver.applied() + 1);
             let retry_tick = self.tick_outstanding.map(|t| t + TICK_RETRY);
             let resubscribing = &mut self.resubscribing;
             let got = tokio::select! {
@@ -596,6 +650,7 @@ impl Backend for Partition {
                 // trace's final DWELLs) would never fire.
                 () = crate::runtime::sleep_until(retry_tick), if retry_tick.is_some() => Got::Work(Work::Wake),
                 m = async { resubscribing.as_mut().expect("guarded").await }, if resubscribing_on => Got::Resubscribed(Box::new(m)),
+                m = bridge(sh, p, next, bridge_at), if bridge_at.is_some() => Got::Bridged(m.map(Box::new)),
                 m = self.messages.next() => Got::Message(
                     m.map(|r| r.map(Box::new).map_err(|e| NatsError::request("partition input", e))),
                 ),
@@ -622,8 +677,27 @@ impl Backend for Partition {
                     self.resubscribe_from(driver.applied() + 1);
                 }
                 Got::StallCheck => self.check_stall(driver.applied()).await,
+                Got::Bridged(None) => {
+                    self.bridge_at = Some(Instant::now() + BRIDGE_IDLE);
+                }
+                Got::Bridged(Some(m)) => {
+                    self.bridge_at = Some(Instant::now());
+                    counter!(t::CLUSTER_INPUT_BRIDGED).increment(1);
+                    match self
+                        .record_at(m.sequence, 1, Some(&m.headers), &m.payload)
+                        .await
+                    {
+                        Ok(Work::Record { pos, .. }) if pos <= driver.applied() => {}
+                        Ok(w) => return w,
+                        Err(e) => {
+                            self.failed = Some(e);
+                            return Work::Stop(Stop::Lost);
+                        }
+                    }
+                }
                 Got::Resubscribed(m) => {
                     self.resubscribing = None;
+                    self.bridge_at = None;
                     self.messages = *m;
                     self.heard = Instant::now();
                     tracing::debug!(partition = self.p, "input consumer re-created");
