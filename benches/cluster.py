@@ -16,7 +16,9 @@ nodes as separate processes, then measures, in one run:
      and when each partition's events were stored again after that;
   6. checkpoint size and time (from the nodes' metrics).
 
-  benches/cluster.py BIN NATS_SERVER OUT_DIR JS_PROBE [--quick]
+  benches/cluster.py BIN NATS_SERVER OUT_DIR JS_PROBE [--quick] [--nats-kill]
+
+--nats-kill runs only 5., on two nodes.
 """
 
 import http.client
@@ -34,6 +36,7 @@ import time
 
 BIN, NATS, OUT, PROBE = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 QUICK = "--quick" in sys.argv
+NATS_KILL_ONLY = "--nats-kill" in sys.argv
 DURATION = "3s" if QUICK else "10s"
 SINGLE = 300 if QUICK else 2000
 PARTITIONS = "16" if QUICK else "64"
@@ -264,8 +267,8 @@ def single_fix(port, n):
 
 
 def post_loop(port, stop, log, t0):
-    """Posts 20-fix batches to `port` one after another until `stop`; logs (start, end, status)
-    (status 0: no answer)."""
+    """Posts 20-fix batches to `port` one after another until `stop`; logs (start, end, status,
+    error code) (status 0: no answer; code "" on success)."""
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     i = 0
     while not stop.is_set():
@@ -275,22 +278,28 @@ def post_loop(port, stop, log, t0):
         try:
             c.request("POST", "/v1/fixes", body, {"content-type": "application/json"})
             r = c.getresponse()
-            r.read()
-            log.append((s, time.time(), r.status))
+            b = r.read()
+            code = ""
+            if r.status != 200:
+                try:
+                    code = json.loads(b)["error"]["code"]
+                except (ValueError, KeyError, TypeError):
+                    code = "?"
+            log.append((s, time.time(), r.status, code))
         except OSError:
-            log.append((s, time.time(), 0))
+            log.append((s, time.time(), 0, "no answer"))
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         i += 1
 
 
 def answer_times(log, since, until):
     """p50 / p99 / max answer time (ms) of the requests that started in [since, until)."""
-    lat = sorted(e - s for s, e, _ in log if since <= s < until)
+    lat = sorted(e - s for s, e, _, _ in log if since <= s < until)
     if not lat:
         return None
     q = lambda x: round(1000 * lat[min(len(lat) - 1, int(len(lat) * x))], 1)
     return {"requests": len(lat), "p50_ms": q(0.5), "p99_ms": q(0.99), "max_ms": round(1000 * lat[-1], 1),
-            "not_2xx": sum(1 for s, _, st in log if since <= s < until and st != 200)}
+            "not_2xx": sum(1 for s, _, st, _ in log if since <= s < until and st != 200)}
 
 
 def e2e(port):
@@ -377,7 +386,12 @@ def nats_kill(nats, nodes):
     t.join()
     load.wait()
     v = json.loads(out)
-    ours = recovered([(s, e, st == 200) for s, e, st in log], kill_at)
+    ours = recovered([(s, e, st == 200) for s, e, st, _ in log], kill_at)
+    codes = {}
+    for _, e, st, code in log:
+        if e >= kill_at and st != 200:
+            codes[f"{st} {code}"] = codes.get(f"{st} {code}", 0) + 1
+    ours["failures_by_answer"] = codes
     bare = recovered([tuple(x) for x in v["bare"]], kill_at)
     # When each stream had a leader again (not the killed server).
     back = {}
@@ -418,7 +432,28 @@ def nats_kill(nats, nodes):
     }
 
 
+def nats_kill_only():
+    """Scenario 5 alone, on a cluster of two nodes (the full run kills a node before it)."""
+    nats = NatsCluster(3)
+    nodes = [node(nats, i, os.path.join(OUT, f"d-{i}")) for i in range(2)]
+    for _, port in nodes:
+        wait_ok(port, "/readyz")
+    stable(nodes[0][1])
+    res = {"quick": QUICK, "partitions": int(PARTITIONS), "nats_kill": nats_kill(nats, nodes)}
+    for p, _ in nodes:
+        p.terminate()
+        p.wait()
+    for q in nats.p:
+        if q.poll() is None:
+            q.terminate()
+            q.wait()
+    json.dump(res, open(os.path.join(OUT, "..", "cluster.json"), "w"), indent=1)
+    print(json.dumps(res, indent=1))
+
+
 def main():
+    if NATS_KILL_ONLY:
+        return nats_kill_only()
     os.makedirs(OUT, exist_ok=True)
     res = {"quick": QUICK}
     load = ["--devices", "100000", "--sites", "200", "--max", "--batch", "5000", "--duration", DURATION]

@@ -5,6 +5,7 @@
 # publisher, checkpoint size and time.
 #
 #   benches/cluster.sh [--quick]          --quick: 3 s runs, 16 partitions (CI smoke)
+#   benches/cluster.sh --nats-kill [--quick]   only the NATS server's kill, on two nodes
 #   E2E_BIN=path/to/geodwell benches/cluster.sh          measure that binary
 #   NATS_SERVER=path/to/nats-server benches/cluster.sh   that NATS server (default: PATH's)
 #
