@@ -432,6 +432,14 @@ def nats_kill(nats, nodes):
     }
 
 
+def stop(nodes, nats):
+    """Stops the geodwell nodes still running, then the NATS servers still running."""
+    for p in [p for p, _ in nodes] + nats.p:
+        if p.poll() is None:
+            p.terminate()
+            p.wait()
+
+
 def nats_kill_only():
     """Scenario 5 alone, on a cluster of two nodes (the full run kills a node before it)."""
     nats = NatsCluster(3)
@@ -440,13 +448,7 @@ def nats_kill_only():
         wait_ok(port, "/readyz")
     stable(nodes[0][1])
     res = {"quick": QUICK, "partitions": int(PARTITIONS), "nats_kill": nats_kill(nats, nodes)}
-    for p, _ in nodes:
-        p.terminate()
-        p.wait()
-    for q in nats.p:
-        if q.poll() is None:
-            q.terminate()
-            q.wait()
+    stop(nodes, nats)
     json.dump(res, open(os.path.join(OUT, "..", "cluster.json"), "w"), indent=1)
     print(json.dumps(res, indent=1))
 
@@ -531,14 +533,7 @@ def main():
                 "replayed_records": {"median": med("replayed_records"), "max": mx("replayed_records")},
             }
             res["nats_kill"] = nats_kill(nats, nodes)
-        for p, _ in nodes:
-            if p.poll() is None:
-                p.terminate()
-                p.wait()
-        for q in nats.p:
-            if q.poll() is None:
-                q.terminate()
-                q.wait()
+        stop(nodes, nats)
     json.dump(res, open(os.path.join(OUT, "..", "cluster.json"), "w"), indent=1)
     print(json.dumps(res, indent=1))
     sp = res["single_process_fixes_per_s"] or 1

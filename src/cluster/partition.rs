@@ -460,6 +460,24 @@ impl Partition {
             .await
     }
 
+    /// The work a record read from the input (through the consumer or the bridge) becomes:
+    /// none when it is at or before `applied` (delivered again); a record that does not decode
+    /// stops the partition.
+    fn unless_applied(
+        &mut self,
+        r: Result<Work<Ticket>, NatsError>,
+        applied: u64,
+    ) -> Option<Work<Ticket>> {
+        match r {
+            Ok(Work::Record { pos, .. }) if pos <= applied => None,
+            Ok(w) => Some(w),
+            Err(e) => {
+                self.failed = Some(e);
+                Some(Work::Stop(Stop::Lost))
+            }
+        }
+    }
+
     /// Turns the record at stream sequence `pos` (with `pending` more after it) into work.
     async fn record_at(
         &mut self,
@@ -683,16 +701,11 @@ impl Backend for Partition {
                 Got::Bridged(Some(m)) => {
                     self.bridge_at = Some(Instant::now());
                     counter!(t::CLUSTER_INPUT_BRIDGED).increment(1);
-                    match self
+                    let r = self
                         .record_at(m.sequence, 1, Some(&m.headers), &m.payload)
-                        .await
-                    {
-                        Ok(Work::Record { pos, .. }) if pos <= driver.applied() => {}
-                        Ok(w) => return w,
-                        Err(e) => {
-                            self.failed = Some(e);
-                            return Work::Stop(Stop::Lost);
-                        }
+                        .await;
+                    if let Some(w) = self.unless_applied(r, driver.applied()) {
+                        return w;
                     }
                 }
                 Got::Resubscribed(m) => {
@@ -712,13 +725,9 @@ impl Backend for Partition {
                 }
                 Got::Message(Some(Ok(m))) => {
                     self.heard = Instant::now();
-                    match self.record(*m).await {
-                        Ok(Work::Record { pos, .. }) if pos <= driver.applied() => {}
-                        Ok(w) => return w,
-                        Err(e) => {
-                            self.failed = Some(e);
-                            return Work::Stop(Stop::Lost);
-                        }
+                    let r = self.record(*m).await;
+                    if let Some(w) = self.unless_applied(r, driver.applied()) {
+                        return w;
                     }
                 }
             }
